@@ -1,0 +1,13 @@
+"""Domain errors. The CLI turns them into one-line messages and a non-zero exit."""
+
+
+class ServesimError(Exception):
+    """Base class for user-facing errors (bad input, infeasible configuration)."""
+
+
+class ConfigError(ServesimError):
+    """A data file, option or trace is malformed: names the source, the key/value and what would work."""
+
+
+class InfeasibleError(ServesimError):
+    """A well-formed configuration that cannot run (does not fit in memory, layout does not divide)."""
