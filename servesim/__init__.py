@@ -1,3 +1,9 @@
 """servesim: request-level LLM serving simulator, cost model and capacity planner."""
 
 __version__ = "0.1.0"
+
+
+def simulate(config=None, **options):
+    """Run one serving simulation; see servesim.simulate.SimConfig for the options."""
+    from .simulate import simulate as _simulate
+    return _simulate(config, **options)

@@ -1,0 +1,267 @@
+"""`servesim` command line: thin click commands over the library."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import ServesimError
+
+
+class Group(click.Group):
+    """Turns domain errors into one-line messages and exit code 2 instead of tracebacks."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ServesimError as e:
+            click.echo(f"servesim: error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="servesim")
+def main():
+    """servesim: simulate LLM serving deployments and price them.
+
+    \b
+    Examples:
+      servesim simulate
+      servesim simulate --model llama-3.1-70b --tp 4 --rate 8 --slo ttft_p99=1s,tpot_p99=60ms
+      servesim cost --model llama-3.1-8b --hardware h100-sxm --decode-seqs 64 --context 2048
+      servesim profiles list
+    """
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj, indent=2)
+
+
+# ---------------------------------------------------------------- profiles
+@main.group(cls=Group)
+def profiles():
+    """List and show hardware profiles and model architectures.
+
+    \b
+    Examples:
+      servesim profiles list
+      servesim profiles show h100-sxm --format json
+      servesim profiles show llama-3.1-70b
+    """
+
+
+@profiles.command("list")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def profiles_list(fmt):
+    """List shipped hardware profiles and models."""
+    from .config import list_hardware, list_models, load_hardware, load_model
+    hw = [load_hardware(n) for n in list_hardware()]
+    models = [load_model(n) for n in list_models()]
+    if fmt == "json":
+        click.echo(_dump({
+            "hardware": [{"name": h.name, "bf16_tflops": h.peak_flops["bf16"] / 1e12, "hbm_gb": h.hbm_bytes / 1e9,
+                          "hbm_tbps": h.hbm_bw / 1e12, "usd_per_gpu_hour": h.usd_per_hour} for h in hw],
+            "models": [{"name": m.name, "params_b": m.param_count() / 1e9,
+                        "active_params_b": m.active_param_count() / 1e9, "layers": m.num_layers} for m in models],
+        }))
+        return
+    click.echo("hardware")
+    click.echo(f"  {'name':<16}{'bf16 TFLOP/s':>14}{'HBM GB':>9}{'HBM TB/s':>10}{'$/GPU-h':>9}")
+    for h in hw:
+        click.echo(f"  {h.name:<16}{h.peak_flops['bf16'] / 1e12:>14.0f}{h.hbm_bytes / 1e9:>9.0f}"
+                   f"{h.hbm_bw / 1e12:>10.2f}{h.usd_per_hour:>9.2f}")
+    click.echo("models")
+    click.echo(f"  {'name':<16}{'params (B)':>12}{'active (B)':>12}{'layers':>8}{'context':>9}")
+    for m in models:
+        click.echo(f"  {m.name:<16}{m.param_count() / 1e9:>12.2f}{m.active_param_count() / 1e9:>12.2f}"
+                   f"{m.num_layers:>8}{m.max_context:>9}")
+
+
+def _profile_dict(obj) -> dict:
+    out = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if hasattr(v, "__dataclass_fields__"):
+            v = _profile_dict(v)
+        elif isinstance(v, Path):
+            v = str(v)
+        out[f.name] = v
+    return out
+
+
+@profiles.command("show")
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def profiles_show(name, fmt):
+    """Show one hardware profile or model (SI units)."""
+    from .config import list_hardware, list_models, load_hardware, load_model
+    from .errors import ConfigError
+    if name in list_hardware() or name.endswith(".toml") and "models" not in name:
+        try:
+            obj = load_hardware(name)
+        except ConfigError:
+            obj = load_model(name)
+    elif name in list_models() or name.endswith((".toml", ".json")):
+        obj = load_model(name)
+    else:
+        raise ConfigError(f"unknown profile {name!r}; hardware: {', '.join(list_hardware())}; "
+                          f"models: {', '.join(list_models())}")
+    d = _profile_dict(obj)
+    if hasattr(obj, "param_count"):
+        d["param_count"] = obj.param_count()
+        d["active_param_count"] = obj.active_param_count()
+    if fmt == "json":
+        click.echo(_dump(d))
+        return
+    _print_tree(d)
+
+
+def _print_tree(d: dict, indent: int = 0):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            click.echo(" " * indent + f"{k}:")
+            _print_tree(v, indent + 2)
+        else:
+            click.echo(" " * indent + f"{k}: {v}")
+
+
+# ---------------------------------------------------------------- cost
+@main.command()
+@click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path to .toml / HF config.json.")
+@click.option("--hardware", default="h100-sxm", show_default=True)
+@click.option("--tp", default=1, show_default=True, type=int)
+@click.option("--pp", default=1, show_default=True, type=int)
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--kv-dtype", default="auto", show_default=True)
+@click.option("--allreduce", default="auto", show_default=True, type=click.Choice(["auto", "ring", "tree"]))
+@click.option("--prefill-tokens", default=0, show_default=True, type=int, help="Prefill tokens in the batch.")
+@click.option("--prefill-seqs", default=1, show_default=True, type=int, help="Sequences the prefill tokens are split over.")
+@click.option("--cached", default=0, show_default=True, type=int, help="Tokens already cached per prefill sequence.")
+@click.option("--decode-seqs", default=0, show_default=True, type=int)
+@click.option("--context", default=1024, show_default=True, type=int, help="Context length of each decode sequence.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, prefill_seqs, cached, decode_seqs,
+         context, fmt):
+    """Time of one engine iteration with a breakdown per operator class.
+
+    \b
+    Examples:
+      servesim cost --decode-seqs 64 --context 2048
+      servesim cost --model llama-3.1-70b --tp 4 --prefill-tokens 8192 --prefill-seqs 4
+    """
+    from .config import load_hardware, load_model
+    from .costmodel import Batch, Layout, build_replica
+    from .errors import ConfigError
+    if prefill_tokens < 0 or decode_seqs < 0 or context < 0 or cached < 0 or prefill_seqs < 1:
+        raise ConfigError("--prefill-tokens, --decode-seqs, --context and --cached must be >= 0, --prefill-seqs >= 1")
+    if prefill_tokens == 0 and decode_seqs == 0:
+        raise ConfigError("empty batch: give --prefill-tokens N and/or --decode-seqs N")
+    m, h = load_model(model), load_hardware(hardware)
+    rc = build_replica(m, h, Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce))
+    chunks = []
+    if prefill_tokens:
+        base, extra = divmod(prefill_tokens, prefill_seqs)
+        chunks = [(base + (1 if i < extra else 0), cached) for i in range(prefill_seqs) if base + (i < extra) > 0]
+    b = rc.iteration(Batch(prefill=tuple(chunks), decode=tuple([context] * decode_seqs)))
+    d = {"model": m.name, "hardware": h.name, "tp": tp, "pp": pp, "dtype": dtype,
+         "prefill_tokens": prefill_tokens, "prefill_seqs": len(chunks), "decode_seqs": decode_seqs,
+         "context": context, **b.as_dict(), "memory": rc.memory.as_dict()}
+    d["tokens_per_s"] = (prefill_tokens + decode_seqs) / b.interval_s if b.interval_s > 0 else 0.0
+    if fmt == "json":
+        click.echo(_dump(d))
+        return
+    click.echo(f"{m.name} on {h.name}  TP={tp} PP={pp} {dtype}  "
+               f"batch: {prefill_tokens} prefill tokens in {len(chunks)} seqs, {decode_seqs} decodes at context {context}")
+    click.echo(f"  iteration time  {b.time_s * 1e3:9.3f} ms   (pipeline interval {b.interval_s * 1e3:.3f} ms)")
+    for k, v in b.parts_s.items():
+        bound = b.bound.get(k, "")
+        if k == "attention":
+            bound = ", ".join(f"{kk.split('_')[1]}: {vv}" for kk, vv in b.bound.items() if kk.startswith("attention"))
+        click.echo(f"  {k:<14}  {v * 1e3:9.3f} ms  {100 * v / b.time_s:5.1f}%  {bound}")
+    click.echo(f"  bottleneck      {b.bottleneck}")
+    mem = rc.memory
+    click.echo(f"  memory/GPU      weights {mem.weight_bytes / 2**30:.1f} GiB, KV {mem.kv_bytes_per_token / 1024:.1f} KiB/token, "
+               f"KV capacity {mem.kv_capacity_tokens:,} tokens at 90% utilisation")
+
+
+# ---------------------------------------------------------------- simulate
+def _simulate_options(f):
+    opts = [
+        click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name, or a .toml / HF config.json path."),
+        click.option("--hardware", default="h100-sxm", show_default=True),
+        click.option("--tp", default=1, show_default=True, type=int),
+        click.option("--pp", default=1, show_default=True, type=int),
+        click.option("--replicas", default=1, show_default=True, type=int),
+        click.option("--router", default="round-robin", show_default=True,
+                     type=click.Choice(["round-robin", "random", "least-requests", "least-kv", "power-of-two"])),
+        click.option("--dtype", default="bf16", show_default=True),
+        click.option("--kv-dtype", default="auto", show_default=True),
+        click.option("--engine", default="vllm", show_default=True, type=click.Choice(["vllm", "trtllm", "sglang"])),
+        click.option("--scheduler", default=None, type=click.Choice(["vllm", "vllm-v0", "sarathi", "orca", "static"]),
+                     help="Default: the engine preset's."),
+        click.option("--max-num-seqs", default=None, type=int),
+        click.option("--max-num-batched-tokens", default=None, type=int),
+        click.option("--chunk-size", default=None, type=int, help="sarathi chunk size."),
+        click.option("--block-size", default=None, type=int),
+        click.option("--gpu-memory-utilization", default=None, type=float),
+        click.option("--preemption", default=None, type=click.Choice(["recompute", "swap"])),
+        click.option("--iteration-overhead-us", default=None, type=float),
+        click.option("--workload", default="chat", show_default=True, help="chat, code, summarization, long-context, or a .toml / trace .csv."),
+        click.option("--isl", default=None, type=int, help="Fixed input length (overrides the workload)."),
+        click.option("--osl", default=None, type=int, help="Fixed output length (overrides the workload)."),
+        click.option("--rate", default=None, type=float, help="Requests/s (default: the workload's, times replicas)."),
+        click.option("--arrival", default="poisson", show_default=True,
+                     type=click.Choice(["poisson", "gamma", "deterministic", "bursty", "daily"])),
+        click.option("--cv", default=1.0, show_default=True, type=float, help="Coefficient of variation for gamma arrivals."),
+        click.option("--concurrency", default=0, type=int, help="Closed loop with N clients."),
+        click.option("--offline", is_flag=True, help="All requests at time zero."),
+        click.option("--trace-mode", default="lengths", show_default=True, type=click.Choice(["lengths", "replay", "scale"])),
+        click.option("--num-requests", default=2000, show_default=True, type=int),
+        click.option("--duration", default=None, help="Stop the clock after this long (e.g. 600s)."),
+        click.option("--warmup", default="0s", show_default=True, help="Exclude requests arriving before this."),
+        click.option("--slo", default=None, help="e.g. ttft_p99=500ms,tpot_p99=50ms"),
+        click.option("--seed", default=0, show_default=True, type=int),
+        click.option("--price", default=None, type=float, help="Override $ per GPU-hour."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@main.command()
+@_simulate_options
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
+              help="Write requests.csv(.parquet), summary.json and figures here.")
+def simulate(fmt, outdir, **kw):
+    """Simulate a serving deployment request by request.
+
+    With no options: llama-3.1-8b on one h100-sxm, vLLM preset, chat workload at its default rate.
+
+    \b
+    Examples:
+      servesim simulate
+      servesim simulate --model llama-3.1-70b --tp 4 --replicas 2 --rate 10 --format json
+      servesim simulate --isl 1024 --osl 128 --offline --num-requests 1000 --engine trtllm
+    """
+    from .metrics import parse_duration
+    from .simulate import SimConfig, simulate as run
+    kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] else None
+    kw["warmup"] = parse_duration(kw["warmup"], "--warmup")
+    res = run(SimConfig(**kw))
+    if outdir:
+        from .report_io import write_outputs
+        write_outputs(res, Path(outdir))
+    if fmt == "json":
+        click.echo(res.to_json())
+    else:
+        from .render import summary_table
+        click.echo(summary_table(res.summary))
+
+
+if __name__ == "__main__":
+    main()

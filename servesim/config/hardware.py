@@ -1,0 +1,280 @@
+"""Hardware profiles: ``hardware_profiles/<name>.toml`` -> validated, frozen, SI-unit dataclasses.
+
+Units are converted once, here (schema and sources in ``hardware_profiles/README.md``):
+
+- ``peak_*_TFLOPS`` / ``peak_int8_TOPS``  x 1e12 -> FLOP/s (op/s for int8), dense, no sparsity
+- ``hbm_capacity_GB``                     x 1e9  -> bytes (decimal GB, as vendors print them)
+- ``*_GBps``                              x 1e9  -> bytes/s
+- ``scaleup_bandwidth_GBps`` is the vendor's total bidirectional figure per GPU; one direction is
+  half of it (NVIDIA H100 datasheet: "NVLink: 900GB/s" = 18 links x 50 GB/s bidirectional).
+- ``scaleout_bandwidth_Gbps``             x 1e9 / 8 -> bytes/s per GPU, per direction (NIC line rate)
+- ``*_us``                                x 1e-6 -> seconds
+
+A profile either carries its own ``[efficiency]`` (``efficiency_from = ""``) or names a calibrated
+profile whose ``[efficiency]`` it borrows; chains are not allowed, so a borrowed block is always a
+measured one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from servesim.config._toml import Table, display_path, read_toml
+from servesim.errors import ConfigError
+from servesim.paths import hardware_dir
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
+
+_TOP_KEYS = ("name", "description", "vendor", "efficiency_from", "compute", "memory",
+             "interconnect", "power", "price")
+_COMPUTE_KEYS = {p: (f"peak_{p}_TOPS" if p == "int8" else f"peak_{p}_TFLOPS") for p in PRECISIONS}
+_MEMORY_KEYS = ("hbm_capacity_GB", "hbm_bandwidth_GBps")
+_INTERCONNECT_KEYS = ("scaleup_name", "scaleup_bandwidth_GBps", "scaleup_domain_gpus", "gpus_per_node",
+                      "pcie_gen", "pcie_lanes", "pcie_bandwidth_GBps", "scaleout_name",
+                      "scaleout_bandwidth_Gbps")
+_POWER_KEYS = ("tdp_W",)
+_PRICE_KEYS = ("usd_per_gpu_hour", "source")
+# Efficiency keys in file order: (file key, dataclass field, kind). kind "fraction" is (0, 1],
+# "positive" is > 0, "nonneg" is >= 0; "_us" keys are converted to seconds.
+_EFFICIENCY_KEYS = (
+    ("gemm_max", "gemm_max", "fraction"),
+    ("gemm_half_tokens", "gemm_half_tokens", "positive"),
+    ("kernel_latency_us", "kernel_latency_s", "nonneg"),
+    ("hbm_fraction", "hbm_fraction", "fraction"),
+    ("attn_prefill_max", "attn_prefill_max", "fraction"),
+    ("attn_decode_hbm_fraction", "attn_decode_hbm_fraction", "fraction"),
+    ("scaleup_bw_fraction", "scaleup_bw_fraction", "fraction"),
+    ("scaleup_latency_us", "scaleup_latency_s", "nonneg"),
+    ("scaleout_bw_fraction", "scaleout_bw_fraction", "fraction"),
+    ("scaleout_latency_us", "scaleout_latency_s", "nonneg"),
+    ("pcie_bw_fraction", "pcie_bw_fraction", "fraction"),
+    ("pcie_latency_us", "pcie_latency_s", "nonneg"),
+    ("iteration_overhead_us", "iteration_overhead_s", "nonneg"),
+    ("per_seq_overhead_us", "per_seq_overhead_s", "nonneg"),
+)
+_FRACTION_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "fraction")
+_POSITIVE_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "positive")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak and fixed overheads, all in SI units (seconds).
+
+    GEMM efficiency is a curve in the token count M, not a constant:
+    ``eff(M) = gemm_max * M / (M + gemm_half_tokens)`` (a saturating, Michaelis-Menten-shaped fit,
+    as in roofline-with-efficiency models such as Calculon, Isaev et al. SC'23); the cost model
+    owns the formula, this class only holds its parameters.
+    """
+
+    gemm_max: float
+    gemm_half_tokens: float
+    kernel_latency_s: float
+    hbm_fraction: float
+    attn_prefill_max: float
+    attn_decode_hbm_fraction: float
+    scaleup_bw_fraction: float
+    scaleup_latency_s: float
+    scaleout_bw_fraction: float
+    scaleout_latency_s: float
+    pcie_bw_fraction: float
+    pcie_latency_s: float
+    iteration_overhead_s: float
+    per_seq_overhead_s: float
+    fit_source: str
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator (per GPU / chip) and the node and fabric it sits in, in SI units."""
+
+    name: str
+    description: str
+    vendor: str
+    path: Path
+    peak_flops: dict[str, float]  # keys PRECISIONS, FLOP/s (int8: op/s); 0.0 = not supported
+    hbm_bytes: float
+    hbm_bw: float  # bytes/s
+    scaleup_name: str
+    scaleup_bw: float  # bytes/s per direction per GPU (= vendor bidirectional total / 2)
+    scaleup_domain: int
+    gpus_per_node: int
+    pcie_gen: int
+    pcie_lanes: int
+    pcie_bw: float  # bytes/s per direction
+    scaleout_name: str
+    scaleout_bw: float  # bytes/s per GPU per direction
+    tdp_w: float  # 0.0 = not published
+    usd_per_hour: float  # per GPU (chip) hour
+    price_source: str
+    efficiency: Efficiency
+    efficiency_from: str  # "" when the file carries its own [efficiency]
+
+
+def list_hardware() -> list[str]:
+    """Names (file stems) of the shipped hardware profiles, sorted."""
+    return sorted(p.stem for p in hardware_dir().glob("*.toml"))
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """Load a shipped profile by name (``"h100-sxm"``) or any profile by path to a ``.toml`` file."""
+    return _load_file(_resolve(str(name_or_path)))
+
+
+def with_efficiency(profile: HardwareProfile, **overrides) -> HardwareProfile:
+    """A copy of ``profile`` with some ``Efficiency`` fields replaced (SI names, e.g. ``gemm_max``).
+
+    Used by calibration to try candidate efficiencies without writing files; the same bounds
+    as for files apply.
+    """
+    known = {f.name for f in dataclasses.fields(Efficiency)}
+    for key in overrides:
+        if key not in known:
+            raise ConfigError(f"with_efficiency: unknown efficiency field '{key}'; "
+                              f"known: {', '.join(sorted(known))}")
+    efficiency = dataclasses.replace(profile.efficiency, **overrides)
+    _check_efficiency_values(efficiency, f"with_efficiency({profile.name})")
+    return dataclasses.replace(profile, efficiency=efficiency)
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+def _resolve(name_or_path: str) -> Path:
+    if name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ConfigError(f"{name_or_path}: hardware profile file not found")
+        return path.resolve()
+    path = hardware_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown hardware '{name_or_path}'; available: {', '.join(list_hardware())}")
+    return path.resolve()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(path: Path) -> HardwareProfile:
+    top = Table(read_toml(path), path)
+    has_eff = top.has("efficiency")
+    top.expect_keys(_TOP_KEYS, optional=("efficiency",))
+
+    name = top.str("name", nonempty=True)
+    if name != path.stem:
+        raise top.error("name", f"must equal the file stem '{path.stem}', got {name!r}")
+    description = top.str("description", nonempty=True)
+    vendor = top.str("vendor", nonempty=True)
+    efficiency_from = top.str("efficiency_from")
+
+    compute = top.table("compute")
+    compute.expect_keys(_COMPUTE_KEYS.values())
+    peak = {}
+    for precision, key in _COMPUTE_KEYS.items():
+        # bf16 is the precision every cost model path needs; the others may be 0 = unsupported.
+        value = compute.float(key, gt=0.0) if precision == "bf16" else compute.float(key, ge=0.0)
+        peak[precision] = value * 1e12
+
+    memory = top.table("memory")
+    memory.expect_keys(_MEMORY_KEYS)
+    hbm_bytes = memory.float("hbm_capacity_GB", gt=0.0) * 1e9
+    hbm_bw = memory.float("hbm_bandwidth_GBps", gt=0.0) * 1e9
+
+    net = top.table("interconnect")
+    net.expect_keys(_INTERCONNECT_KEYS)
+    scaleup_name = net.str("scaleup_name", nonempty=True)
+    scaleup_total = net.float("scaleup_bandwidth_GBps", ge=0.0)
+    scaleup_domain = net.int("scaleup_domain_gpus", ge=1)
+    if scaleup_total == 0.0 and scaleup_domain != 1:
+        raise net.error("scaleup_domain_gpus",
+                        f"must be 1 when scaleup_bandwidth_GBps = 0 (no scale-up fabric), got {scaleup_domain}")
+    if scaleup_total > 0.0 and scaleup_domain < 2:
+        raise net.error("scaleup_domain_gpus",
+                        f"must be >= 2 when scaleup_bandwidth_GBps > 0, got {scaleup_domain}")
+    gpus_per_node = net.int("gpus_per_node", ge=1)
+    pcie_gen = net.int("pcie_gen", ge=1)
+    pcie_lanes = net.int("pcie_lanes", ge=1)
+    pcie_bw = net.float("pcie_bandwidth_GBps", gt=0.0) * 1e9
+    scaleout_name = net.str("scaleout_name", nonempty=True)
+    scaleout_bw = net.float("scaleout_bandwidth_Gbps", gt=0.0) * 1e9 / 8.0
+
+    power = top.table("power")
+    power.expect_keys(_POWER_KEYS)
+    tdp_w = power.float("tdp_W", ge=0.0)
+
+    price = top.table("price")
+    price.expect_keys(_PRICE_KEYS)
+    usd_per_hour = price.float("usd_per_gpu_hour", ge=0.0)
+    price_source = price.str("source", nonempty=True)
+
+    if efficiency_from == "":
+        if not has_eff:
+            raise top.error("efficiency", "is missing; add an [efficiency] table or set efficiency_from "
+                                          "to a calibrated profile such as 'h100-sxm'")
+        efficiency = _read_efficiency(top.table("efficiency"))
+    else:
+        if has_eff:
+            raise top.error("efficiency", f"must be absent when efficiency_from = {efficiency_from!r}; "
+                                          "remove the table or set efficiency_from = \"\"")
+        efficiency = _borrow_efficiency(top, path, efficiency_from)
+
+    return HardwareProfile(
+        name=name, description=description, vendor=vendor, path=path, peak_flops=peak,
+        hbm_bytes=hbm_bytes, hbm_bw=hbm_bw, scaleup_name=scaleup_name,
+        scaleup_bw=scaleup_total * 1e9 / 2.0, scaleup_domain=scaleup_domain,
+        gpus_per_node=gpus_per_node, pcie_gen=pcie_gen, pcie_lanes=pcie_lanes, pcie_bw=pcie_bw,
+        scaleout_name=scaleout_name, scaleout_bw=scaleout_bw, tdp_w=tdp_w,
+        usd_per_hour=usd_per_hour, price_source=price_source, efficiency=efficiency,
+        efficiency_from=efficiency_from,
+    )
+
+
+def _read_efficiency(table: Table) -> Efficiency:
+    table.expect_keys(["fit_source"] + [key for key, _, _ in _EFFICIENCY_KEYS])
+    values: dict[str, object] = {"fit_source": table.str("fit_source", nonempty=True)}
+    for key, field, kind in _EFFICIENCY_KEYS:
+        if kind == "fraction":
+            value = table.fraction(key)
+        elif kind == "positive":
+            value = table.float(key, gt=0.0)
+        else:
+            value = table.float(key, ge=0.0)
+        values[field] = value * 1e-6 if key.endswith("_us") else value
+    return Efficiency(**values)
+
+
+def _borrow_efficiency(top: Table, path: Path, source_name: str) -> Efficiency:
+    """The [efficiency] of profile ``source_name``: a sibling file first, else the shipped one."""
+    candidates = [path.parent / f"{source_name}.toml", hardware_dir() / f"{source_name}.toml"]
+    source = next((p for p in candidates if p.is_file()), None)
+    if source is None:
+        raise top.error("efficiency_from", f"names unknown profile {source_name!r}; "
+                                           f"available: {', '.join(list_hardware())}")
+    if source.resolve() == path:
+        raise top.error("efficiency_from", f"must not name the profile itself ({source_name!r}); use \"\"")
+    # Peek before loading so that a cycle (a -> b -> a) is reported rather than recursed into.
+    onward = read_toml(source).get("efficiency_from", "")
+    if onward != "":
+        raise top.error("efficiency_from", f"names {source_name!r}, which itself borrows from "
+                                           f"{onward!r}; point at a profile with its own "
+                                           f"[efficiency], e.g. {onward!r}")
+    return _load_file(source.resolve()).efficiency
+
+
+def _check_efficiency_values(eff: Efficiency, where: str) -> None:
+    for field in dataclasses.fields(Efficiency):
+        value = getattr(eff, field.name)
+        if field.name == "fit_source":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: field 'fit_source' must be a string, got {value!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: field '{field.name}' must be a number, got {value!r}")
+        if field.name in _FRACTION_FIELDS and not 0.0 < value <= 1.0:
+            raise ConfigError(f"{where}: field '{field.name}' must be in (0, 1], got {value!r}")
+        if field.name in _POSITIVE_FIELDS and not value > 0.0:
+            raise ConfigError(f"{where}: field '{field.name}' must be > 0, got {value!r}")
+        if not value >= 0.0:
+            raise ConfigError(f"{where}: field '{field.name}' must be >= 0, got {value!r}")
+
+
+__all__ = ["Efficiency", "HardwareProfile", "PRECISIONS", "list_hardware", "load_hardware",
+           "with_efficiency"]

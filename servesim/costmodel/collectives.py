@@ -1,0 +1,80 @@
+"""Alpha-beta cost of collectives (Hockney 1994; Thakur, Rabenseifner & Gropp, IJHPCA 2005).
+
+A message of S bytes over a link with latency alpha and bandwidth B costs alpha + S/B.
+Ring all-reduce over n ranks: 2(n-1) steps of S/n bytes -> 2(n-1)*alpha + 2(n-1)/n * S/B
+(Thakur et al. 2005, eq. for ring reduce-scatter + all-gather; Patarasuk & Yuan 2009).
+Tree (double binary tree, as NCCL >= 2.4): 2*log2(n)*alpha + 2*S/B (pipelined; Sanders et al. 2009).
+Reduce-scatter and all-gather are each half of a ring all-reduce.
+B is the per-direction link bandwidth times an achieved fraction.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+RING = 0
+TREE = 1
+AUTO = 2
+ALGORITHMS = {"ring": RING, "tree": TREE, "auto": AUTO}
+
+
+@njit(cache=True)
+def p2p_time_nb(nbytes, bw, alpha):
+    if nbytes <= 0.0:
+        return 0.0
+    return alpha + nbytes / bw
+
+
+@njit(cache=True)
+def ring_allreduce_time_nb(nbytes, n, bw, alpha):
+    if n <= 1 or nbytes <= 0.0:
+        return 0.0
+    return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * nbytes / bw
+
+
+@njit(cache=True)
+def tree_allreduce_time_nb(nbytes, n, bw, alpha):
+    if n <= 1 or nbytes <= 0.0:
+        return 0.0
+    return 2.0 * math.log2(n) * alpha + 2.0 * nbytes / bw
+
+
+@njit(cache=True)
+def allreduce_time_nb(nbytes, n, bw, alpha, algorithm):
+    ring = ring_allreduce_time_nb(nbytes, n, bw, alpha)
+    if algorithm == RING:
+        return ring
+    tree = tree_allreduce_time_nb(nbytes, n, bw, alpha)
+    if algorithm == TREE:
+        return tree
+    return min(ring, tree)
+
+
+@njit(cache=True)
+def reduce_scatter_time_nb(nbytes, n, bw, alpha):
+    """Ring reduce-scatter (or all-gather) of a buffer of nbytes total: (n-1)*alpha + (n-1)/n * S/B."""
+    if n <= 1 or nbytes <= 0.0:
+        return 0.0
+    return (n - 1) * alpha + (n - 1) / n * nbytes / bw
+
+
+@njit(cache=True)
+def all_to_all_time_nb(nbytes, n, bw, alpha):
+    """Pairwise all-to-all, each rank sending nbytes in total: (n-1)*alpha + (n-1)/n * S/B."""
+    return reduce_scatter_time_nb(nbytes, n, bw, alpha)
+
+
+def link_for_group(hw, group_size: int, span_in_domain: int | None = None) -> tuple[str, float, float]:
+    """(link name, achieved per-direction bandwidth in B/s, latency in s) for a group of GPUs.
+
+    A group inside one scale-up domain uses NVLink/NVSwitch/Infinity Fabric/ICI; GPUs without a
+    scale-up fabric talk over PCIe; a group larger than the domain is bound by the NIC.
+    """
+    eff = hw.efficiency
+    span = group_size if span_in_domain is None else span_in_domain
+    if span <= hw.scaleup_domain and hw.scaleup_bw > 0:
+        return "scaleup", hw.scaleup_bw * eff.scaleup_bw_fraction, eff.scaleup_latency_s
+    if span <= hw.gpus_per_node and hw.scaleup_bw <= 0:
+        return "pcie", hw.pcie_bw * eff.pcie_bw_fraction, eff.pcie_latency_s
+    return "scaleout", hw.scaleout_bw * eff.scaleout_bw_fraction, eff.scaleout_latency_s

@@ -1,0 +1,49 @@
+"""Precisions: bytes per element and which tensor-core peak a dtype computes at.
+
+`--dtype` names the weight format. W8A8 formats (fp8, int8) compute at their own peak;
+weight-only formats (int4, fp4 without fp4 tensor cores) dequantise and compute in bf16,
+as vLLM's Marlin/AWQ kernels do (Frantar et al., "MARLIN", 2024).
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
+KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "int8")
+
+BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
+
+
+def compute_dtype(dtype: str, peak_flops: dict[str, float]) -> str:
+    """The dtype whose dense peak prices the GEMMs for weights in `dtype`."""
+    if dtype in ("bf16", "fp16"):
+        return dtype if peak_flops.get(dtype, 0.0) > 0 else "bf16"
+    if dtype in ("fp8", "int8"):
+        return dtype
+    if dtype == "fp4" and peak_flops.get("fp4", 0.0) > 0:
+        return "fp4"
+    return "bf16"  # int4 / fp4 weight-only: dequantise to bf16
+
+
+def activation_bytes(dtype: str) -> float:
+    """Bytes per activation element: 1 for W8A8 / fp4 compute, else 2."""
+    return 1.0 if dtype in ("fp8", "int8") else 2.0
+
+
+def kv_dtype_resolved(kv_dtype: str, dtype: str) -> str:
+    if kv_dtype not in KV_DTYPES:
+        raise ConfigError(f"--kv-dtype: unknown value {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
+    if kv_dtype != "auto":
+        return kv_dtype
+    return "fp8" if dtype == "fp8" else ("fp16" if dtype == "fp16" else "bf16")
+
+
+def check_dtype(dtype: str, hw_name: str, peak_flops: dict[str, float]) -> None:
+    if dtype not in WEIGHT_DTYPES:
+        raise ConfigError(f"--dtype: unknown value {dtype!r}; use one of {', '.join(WEIGHT_DTYPES)}")
+    cd = compute_dtype(dtype, peak_flops)
+    if peak_flops.get(cd, 0.0) <= 0:
+        have = [d for d in ("bf16", "fp16", "fp8", "int8", "fp4") if peak_flops.get(d, 0.0) > 0]
+        raise ConfigError(
+            f"--dtype {dtype}: {hw_name} has no {cd} tensor-core peak; supported: {', '.join(have)}"
+        )

@@ -1,0 +1,183 @@
+"""Lowering: (model, hardware, layout) -> CostParams, plain floats and float64 arrays.
+
+Done once per configuration; the jitted iteration-time function sees only this bundle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import ConfigError, InfeasibleError
+from . import collectives
+from .dtypes import activation_bytes, check_dtype, compute_dtype, kv_dtype_resolved
+from .memory import GiB, kv_bytes_per_token_layer, kv_heads_per_gpu, weight_bytes_per_gpu, weight_bytes_per_param
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    allreduce: str = "auto"
+
+
+class CostParams(NamedTuple):
+    tp: float
+    pp: float
+    peak: float                  # FLOP/s of the GEMM compute dtype
+    attn_peak: float             # FLOP/s for attention (16-bit)
+    hbm_bw: float
+    gemm_max: float
+    gemm_half: float
+    hbm_frac: float
+    latency: float               # per kernel
+    attn_prefill_max: float
+    attn_decode_frac: float
+    w_bytes: float               # per weight element
+    a_bytes: float               # per activation element
+    hidden: float
+    n_dense_layers: float
+    n_moe_layers: float
+    kv_bytes_tok_layer: float    # per GPU
+    q_bytes_tok_layer: float     # query + output per token per layer per GPU (16-bit)
+    attn_flops_pair: float       # prefill FLOPs per (query, key) pair per layer per GPU
+    attn_flops_kv_decode: float  # decode FLOPs per cached token per layer per GPU
+    elem_bytes_tok_layer: float  # norms, residuals, rope, activation
+    elem_kernels: float          # elementwise kernels per layer
+    experts: float
+    top_k: float
+    router_n: float
+    vocab_gpu: float
+    tp_bw: float
+    tp_alpha: float
+    tp_algorithm: float
+    pp_bw: float
+    pp_alpha: float
+    swap_bw: float
+    swap_alpha: float
+    overhead: float              # per iteration
+    overhead_seq: float          # per sequence per iteration
+    active_params_gpu: float     # weights touched per token (for MFU)
+    attn_k: np.ndarray           # GEMM shapes per layer, per GPU
+    attn_n: np.ndarray
+    mlp_k: np.ndarray
+    mlp_n: np.ndarray
+    exp_k: np.ndarray
+    exp_n: np.ndarray
+    sh_k: np.ndarray
+    sh_n: np.ndarray
+
+
+def check_layout(model, hw, layout: Layout) -> None:
+    tp, pp = layout.tp, layout.pp
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"--tp/--pp must be >= 1, got tp={tp} pp={pp}")
+    if model.num_attention_heads % tp:
+        ok = [d for d in range(1, model.num_attention_heads + 1) if model.num_attention_heads % d == 0 and d <= 64]
+        raise InfeasibleError(
+            f"--tp {tp} does not divide the {model.num_attention_heads} attention heads of {model.name}; "
+            f"use one of {', '.join(map(str, ok))}")
+    kv = model.num_kv_heads
+    if model.mla is None and kv % tp and tp % kv:
+        raise InfeasibleError(
+            f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {model.name}")
+    if pp > model.num_layers:
+        raise InfeasibleError(f"--pp {pp} exceeds the {model.num_layers} layers of {model.name}")
+    if layout.allreduce not in collectives.ALGORITHMS:
+        raise ConfigError(f"--allreduce: unknown value {layout.allreduce!r}; use ring, tree or auto")
+    check_dtype(layout.dtype, hw.name, hw.peak_flops)
+
+
+def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float = 1.0) -> None:
+    w = weight_bytes_per_gpu(model, layout.tp, layout.pp, layout.dtype)
+    cap = hw.hbm_bytes * gpu_memory_utilization
+    if w < cap:
+        return
+    hint = ""
+    for tp in (2, 4, 8, 16, 32, 64):
+        if tp > layout.tp and model.num_attention_heads % tp == 0 and \
+                weight_bytes_per_gpu(model, tp, layout.pp, layout.dtype) < cap:
+            hint = f"; use --tp {tp} or more" + (" (or a larger --pp / smaller --dtype)")
+            break
+    else:
+        hint = "; use more pipeline stages (--pp) or a smaller --dtype"
+    raise InfeasibleError(
+        f"{model.name} {layout.dtype} needs {w / GiB:.1f} GiB of weights per GPU at TP={layout.tp} PP={layout.pp}; "
+        f"{hw.name} holds {hw.hbm_bytes / GiB:.1f} GiB{hint}")
+
+
+def _arr(xs):
+    return np.asarray(xs, dtype=np.float64).reshape(-1)
+
+
+def lower(model, hw, layout: Layout) -> CostParams:
+    check_layout(model, hw, layout)
+    tp, pp = layout.tp, layout.pp
+    eff = hw.efficiency
+    kv_dtype = kv_dtype_resolved(layout.kv_dtype, layout.dtype)
+    cd = compute_dtype(layout.dtype, hw.peak_flops)
+    h = float(model.hidden_size)
+    heads = model.num_attention_heads / tp
+    gated = 2.0 if model.gated_mlp else 1.0
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q_in = m.q_lora_rank if m.q_lora_rank > 0 else h
+        attn_k = [h, q_in, m.kv_lora_rank, heads * m.v_head_dim]
+        attn_n = [m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim, heads * qk,
+                  heads * (m.qk_nope_head_dim + m.v_head_dim), h]
+        q_width = heads * qk
+        flops_pair = 2.0 * heads * (qk + m.v_head_dim)
+        # absorbed decode: scores over the latent + rope key, values over the latent (DeepSeek-V2 app. C)
+        flops_kv_decode = 2.0 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+    else:
+        hd = model.head_dim
+        kvh = kv_heads_per_gpu(model, tp)
+        attn_k = [h, heads * hd]
+        attn_n = [(heads + 2 * kvh) * hd, h]
+        q_width = heads * hd
+        flops_pair = 4.0 * heads * hd       # QK^T and PV, 2 FLOPs per MAC
+        flops_kv_decode = 4.0 * heads * hd
+    f = model.ffn_hidden_size
+    mlp_k, mlp_n = [h, f / tp], [gated * f / tp, h]
+    exp_k, exp_n, sh_k, sh_n = [], [], [], []
+    experts = top_k = router_n = 0.0
+    f_act = f
+    if model.moe is not None:
+        moe = model.moe
+        fe = moe.expert_ffn_hidden_size
+        exp_k, exp_n = [h, fe / tp], [gated * fe / tp, h]
+        fs = moe.shared_expert_ffn_hidden_size or moe.num_shared_experts * fe
+        if fs > 0:
+            sh_k, sh_n = [h, fs / tp], [gated * fs / tp, h]
+        experts, top_k, router_n = float(moe.num_experts), float(moe.experts_per_token), float(moe.num_experts)
+        f_act = fe * moe.experts_per_token + fs
+    elem_bytes = 2.0 * (10.0 * h + 3.0 * f_act / tp)
+    tp_link = collectives.link_for_group(hw, tp)
+    pp_link = collectives.link_for_group(hw, 2, span_in_domain=tp * pp)
+    n_moe = float(model.num_moe_layers) if model.moe is not None else 0.0
+    active = model.active_param_count() - model.embedding_params()
+    return CostParams(
+        tp=float(tp), pp=float(pp),
+        peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"],
+        hbm_bw=hw.hbm_bw, gemm_max=eff.gemm_max, gemm_half=eff.gemm_half_tokens, hbm_frac=eff.hbm_fraction,
+        latency=eff.kernel_latency_s, attn_prefill_max=eff.attn_prefill_max,
+        attn_decode_frac=eff.attn_decode_hbm_fraction,
+        w_bytes=weight_bytes_per_param(layout.dtype), a_bytes=activation_bytes(layout.dtype), hidden=h,
+        n_dense_layers=float(model.num_layers) - n_moe, n_moe_layers=n_moe,
+        kv_bytes_tok_layer=kv_bytes_per_token_layer(model, tp, kv_dtype),
+        q_bytes_tok_layer=2.0 * 2.0 * q_width,
+        attn_flops_pair=flops_pair, attn_flops_kv_decode=flops_kv_decode,
+        elem_bytes_tok_layer=elem_bytes, elem_kernels=4.0,
+        experts=experts, top_k=top_k, router_n=router_n, vocab_gpu=model.vocab_size / tp,
+        tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
+        pp_bw=pp_link[1], pp_alpha=pp_link[2],
+        swap_bw=hw.pcie_bw * eff.pcie_bw_fraction, swap_alpha=eff.pcie_latency_s,
+        overhead=eff.iteration_overhead_s, overhead_seq=eff.per_seq_overhead_s,
+        active_params_gpu=active / (tp * pp) * 1.0,
+        attn_k=_arr(attn_k), attn_n=_arr(attn_n), mlp_k=_arr(mlp_k), mlp_n=_arr(mlp_n),
+        exp_k=_arr(exp_k), exp_n=_arr(exp_n), sh_k=_arr(sh_k), sh_n=_arr(sh_n),
+    )

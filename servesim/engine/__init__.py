@@ -1,0 +1,1 @@
+"""The jitted serving engine: event loop, codes, presets."""

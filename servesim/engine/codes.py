@@ -1,0 +1,38 @@
+"""Integer codes shared by the kernel, the reference simulator and the Python side."""
+
+# scheduling policies
+VLLM = 0          # continuous batching, chunked prefill under a token budget, decodes first (vLLM V1)
+VLLM_V0 = 1       # prefill-prioritised; an iteration is either all prefill or all decode (vLLM V0 default)
+SARATHI = 2       # stall-free batching: decodes first, prefill chunks fill a fixed chunk size (Agrawal et al. OSDI 2024)
+ORCA = 3          # iteration-level batching, whole prompts only (Yu et al. OSDI 2022)
+STATIC = 4        # request-level batching: a batch runs until all its requests finish
+POLICIES = {"vllm": VLLM, "vllm-v0": VLLM_V0, "sarathi": SARATHI, "orca": ORCA, "static": STATIC}
+
+# routers
+ROUND_ROBIN = 0
+RANDOM = 1
+LEAST_REQUESTS = 2
+LEAST_KV = 3
+POWER_OF_TWO = 4
+ROUTERS = {"round-robin": ROUND_ROBIN, "random": RANDOM, "least-requests": LEAST_REQUESTS,
+           "least-kv": LEAST_KV, "power-of-two": POWER_OF_TWO}
+
+# preemption
+RECOMPUTE = 0
+SWAP = 1
+PREEMPTION = {"recompute": RECOMPUTE, "swap": SWAP}
+
+# request states (final states: DONE, REJECTED; others mean the run stopped first)
+NOT_ARRIVED = 0
+WAITING = 1
+RUNNING = 2
+SWAPPED = 3
+DONE = 4
+REJECTED = 5
+STATUS_NAMES = {NOT_ARRIVED: "not_arrived", WAITING: "waiting", RUNNING: "running", SWAPPED: "swapped",
+                DONE: "done", REJECTED: "rejected"}
+
+# inter-token gap histogram: log10-spaced bins from 1 us to 1000 s
+GAP_LOG10_MIN = -6.0
+GAP_LOG10_MAX = 3.0
+GAP_BINS = 4500

@@ -1,0 +1,83 @@
+"""Python side of the engine: options -> plain arrays and an EngineConfig -> kernel -> EngineOutput."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, InfeasibleError
+from . import codes as C
+from .kernel import EngineConfig, EngineOutput, simulate_nb
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    scheduler: str = "vllm"
+    router: str = "round-robin"
+    preemption: str = "recompute"
+    replicas: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunk_size: int = 512
+    block_size: int = 16
+    watermark: float = 0.01
+    concurrency: int = 0
+    duration: float = math.inf
+    warmup_time: float = 0.0
+    log_size: int = 20000
+
+
+def _code(table: dict, value: str, option: str) -> int:
+    if value not in table:
+        raise ConfigError(f"{option}: unknown value {value!r}; use one of {', '.join(table)}")
+    return table[value]
+
+
+def engine_config(opts: EngineOptions, replica_cost) -> EngineConfig:
+    policy = _code(C.POLICIES, opts.scheduler, "--scheduler")
+    for name, v in (("--replicas", opts.replicas), ("--max-num-seqs", opts.max_num_seqs),
+                    ("--max-num-batched-tokens", opts.max_num_batched_tokens), ("--block-size", opts.block_size),
+                    ("--chunk-size", opts.chunk_size)):
+        if v < 1:
+            raise ConfigError(f"{name} must be >= 1, got {v}")
+    if not 0.0 <= opts.watermark < 1.0:
+        raise ConfigError(f"watermark must be in [0, 1), got {opts.watermark}")
+    mem = replica_cost.memory
+    num_blocks = mem.kv_capacity_tokens // opts.block_size
+    if num_blocks < 1:
+        raise InfeasibleError(
+            f"{replica_cost.model.name} on {replica_cost.hw.name} at TP={replica_cost.layout.tp} "
+            f"PP={replica_cost.layout.pp}: no memory left for the KV cache "
+            f"(weights {mem.weight_bytes / 2**30:.1f} GiB + activations {mem.activation_bytes / 2**30:.1f} GiB "
+            f"of {mem.usable_bytes / 2**30:.1f} GiB usable); use a larger --tp/--pp, a smaller --dtype "
+            f"or a higher --gpu-memory-utilization")
+    budget = opts.chunk_size if policy == C.SARATHI else opts.max_num_batched_tokens
+    return EngineConfig(
+        policy=policy,
+        router=_code(C.ROUTERS, opts.router, "--router"),
+        preemption=_code(C.PREEMPTION, opts.preemption, "--preemption"),
+        replicas=int(opts.replicas), pp=int(replica_cost.layout.pp),
+        max_num_seqs=int(opts.max_num_seqs), max_batched_tokens=int(budget),
+        block_size=int(opts.block_size), num_blocks=int(num_blocks),
+        watermark_blocks=int(math.floor(opts.watermark * num_blocks)),
+        concurrency=int(opts.concurrency),
+        max_time=float(opts.duration), warmup_time=float(opts.warmup_time),
+        kv_bytes_per_token=float(mem.kv_bytes_per_token), log_size=int(opts.log_size),
+    )
+
+
+def router_draws(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform draws for the random and power-of-two routers, from their own stream."""
+    rng = np.random.default_rng([seed, 0x726F75])
+    return rng.random(n), rng.random(n)
+
+
+def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int) -> EngineOutput:
+    arrival = np.ascontiguousarray(arrival, dtype=np.float64)
+    prompt = np.ascontiguousarray(prompt, dtype=np.int64)
+    output = np.ascontiguousarray(output, dtype=np.int64)
+    if cfg.concurrency > 0:
+        arrival = np.zeros_like(arrival)
+    u1, u2 = router_draws(prompt.shape[0], seed)
+    return EngineOutput(*simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2))

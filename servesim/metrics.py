@@ -1,0 +1,223 @@
+"""Records -> pandas -> latency percentiles with confidence intervals, throughput, goodput, cost."""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from .engine import codes as C
+from .engine import kernel as K
+from .errors import ConfigError
+
+PCTS = (50, 90, 95, 99)
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
+_SLO_RE = re.compile(r"^(ttft|tpot|itl|e2e|queue)_(mean|p50|p90|p95|p99)$")
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_duration(text: str, option: str = "--slo") -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*", text)
+    if not m:
+        raise ConfigError(f"{option}: cannot read a duration from {text!r}; write e.g. 500ms, 0.5s or 200us")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft_p99=500ms,tpot_p99=50ms' -> {'ttft_p99': 0.5, 'tpot_p99': 0.05} (seconds)."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise ConfigError(f"--slo: {part!r} is not KEY=DURATION; write e.g. ttft_p99=500ms,tpot_p99=50ms")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if not _SLO_RE.match(key):
+            raise ConfigError(f"--slo: unknown target {key!r}; use <metric>_<stat> with metric in "
+                              f"{', '.join(SLO_METRICS)} and stat in mean, p50, p90, p95, p99")
+        out[key] = parse_duration(value, "--slo")
+    return out
+
+
+def requests_frame(out: K.EngineOutput, prompt, output) -> pd.DataFrame:
+    status = pd.Categorical.from_codes(out.status, categories=[C.STATUS_NAMES[i] for i in range(6)])
+    df = pd.DataFrame({
+        "arrival_s": out.arrival, "scheduled_s": out.scheduled, "first_token_s": out.first_token,
+        "finish_s": out.finish, "prompt_tokens": np.asarray(prompt, np.int64),
+        "output_tokens": np.asarray(output, np.int64), "preemptions": out.preemptions,
+        "replica": out.replica, "status": status, "max_gap_s": out.max_gap,
+    })
+    df.index.name = "request"
+    done = out.status == C.DONE
+    df["ttft_s"] = np.where(done, df.first_token_s - df.arrival_s, np.nan)
+    df["e2e_s"] = np.where(done, df.finish_s - df.arrival_s, np.nan)
+    df["queue_s"] = df.scheduled_s - df.arrival_s
+    multi = done & (df.output_tokens.to_numpy() > 1)
+    df["tpot_s"] = np.where(multi, (df.finish_s - df.first_token_s) / np.maximum(df.output_tokens - 1, 1), np.nan)
+    return df
+
+
+def _quantile_ci(sorted_x: np.ndarray, q: float, z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free CI for a quantile from order statistics (Conover 1999, sec. 3.2):
+    ranks n*q -/+ z*sqrt(n*q*(1-q))."""
+    n = sorted_x.shape[0]
+    half = z * math.sqrt(n * q * (1 - q))
+    lo = int(max(0, math.floor(n * q - half)))
+    hi = int(min(n - 1, math.ceil(n * q + half)))
+    return float(sorted_x[lo]), float(sorted_x[hi])
+
+
+def _mean_ci(x: np.ndarray, batches: int = 20) -> tuple[float, float]:
+    """Batch-means CI for the mean of an autocorrelated output series (Law & Kelton, ch. 9.5)."""
+    n = x.shape[0]
+    if n < 2 * batches:
+        if n < 2:
+            return (float("nan"), float("nan"))
+        s = x.std(ddof=1) / math.sqrt(n)
+        return float(x.mean() - 1.96 * s), float(x.mean() + 1.96 * s)
+    k = n // batches
+    means = x[: k * batches].reshape(batches, k).mean(axis=1)
+    from scipy import stats
+    half = stats.t.ppf(0.975, batches - 1) * means.std(ddof=1) / math.sqrt(batches)
+    return float(means.mean() - half), float(means.mean() + half)
+
+
+def describe(x_s: np.ndarray) -> dict:
+    """mean, p50..p99 in ms, with 95% confidence intervals under "ci95"."""
+    x = np.asarray(x_s, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    keys = ["mean"] + [f"p{p}" for p in PCTS]
+    if x.size == 0:
+        return {k: None for k in keys} | {"ci95": {}}
+    xs = np.sort(x)
+    out = {"mean": float(x.mean()) * 1e3}
+    ci = {"mean": [v * 1e3 for v in _mean_ci(x)]}
+    for p in PCTS:
+        out[f"p{p}"] = float(np.quantile(xs, p / 100.0)) * 1e3
+        ci[f"p{p}"] = [v * 1e3 for v in _quantile_ci(xs, p / 100.0)]
+    out["ci95"] = ci
+    return out
+
+
+def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
+    """Percentiles of the inter-token gap histogram (log-spaced bins, ~0.5% wide), in ms."""
+    total = int(hist.sum())
+    keys = ["mean"] + [f"p{p}" for p in PCTS]
+    if total == 0:
+        return {k: None for k in keys}
+    edges = np.logspace(C.GAP_LOG10_MIN, C.GAP_LOG10_MAX, C.GAP_BINS + 1)
+    cum = np.cumsum(hist)
+    out = {"mean": mean_s * 1e3}
+    for p in PCTS:
+        target = p / 100.0 * total
+        b = int(np.searchsorted(cum, target))
+        prev = cum[b - 1] if b > 0 else 0
+        frac = (target - prev) / max(hist[b], 1)
+        lo, hi = edges[b], edges[b + 1]
+        out[f"p{p}"] = float(lo * (hi / lo) ** frac) * 1e3
+    return out
+
+
+def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
+              replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
+              offered_rate: float | None) -> dict:
+    end = float(out.stats[K.STAT_END_TIME])
+    measured = df[df.arrival_s >= warmup]
+    done = measured[measured.status == "done"]
+    n_gpus = num_gpus_per_replica * replicas
+    # measurement window: from the end of warm-up to the last completion of a measured request
+    t0 = warmup if warmup > 0 else float(df.arrival_s.min()) if len(df) else 0.0
+    t1 = float(done.finish_s.max()) if len(done) else end
+    window = max(t1 - t0, 1e-12)
+    in_tok = float(done.prompt_tokens.sum())
+    out_tok = float(done.output_tokens.sum())
+    thr = {
+        "requests_per_s": len(done) / window,
+        "input_tokens_per_s": in_tok / window,
+        "output_tokens_per_s": out_tok / window,
+        "output_tokens_per_s_per_gpu": out_tok / window / n_gpus,
+        "total_tokens_per_s": (in_tok + out_tok) / window,
+    }
+    usd_h = usd_per_gpu_hour * n_gpus
+    def per_million(tok_s):
+        return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
+    cost = {"usd_per_hour": usd_h, "usd_per_gpu_hour": usd_per_gpu_hour,
+            "usd_per_million_input_tokens": per_million(thr["input_tokens_per_s"]),
+            "usd_per_million_output_tokens": per_million(thr["output_tokens_per_s"]),
+            "usd_per_million_total_tokens": per_million(thr["total_tokens_per_s"])}
+    gaps_done = done[done.output_tokens > 1]
+    n_gaps = float((gaps_done.output_tokens - 1).sum())
+    itl_mean = float((gaps_done.finish_s - gaps_done.first_token_s).sum() / n_gaps) if n_gaps else float("nan")
+    s = out.stats
+    span = max(end, 1e-12)
+    util = {
+        "mean_batch_size": s[K.STAT_SEQS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
+        "mean_tokens_per_iteration": s[K.STAT_TOKENS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
+        "busy_fraction": s[K.STAT_BUSY] / (span * replicas),
+        "kv_cache_mean": s[K.STAT_KV_TIME] / (span * replicas * num_blocks),
+        "kv_cache_max": s[K.STAT_KV_MAX] / num_blocks,
+        "mfu": s[K.STAT_FLOPS] / (span * n_gpus * peak_flops),
+        "mbu": s[K.STAT_BYTES] / (span * n_gpus * hbm_bw),
+    }
+    busy_total = s[K.STAT_GEMM] + s[K.STAT_ATTN] + s[K.STAT_ELEM] + s[K.STAT_COMM] + s[K.STAT_OVERHEAD]
+    time_share = {k: (s[i] / busy_total if busy_total > 0 else 0.0) for k, i in
+                  (("gemm", K.STAT_GEMM), ("attention", K.STAT_ATTN), ("elementwise", K.STAT_ELEM),
+                   ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
+    # saturation: completions in the arrival window do not keep up with arrivals
+    arrivals_in = measured.arrival_s
+    last_arr = float(arrivals_in.max()) if len(measured) else 0.0
+    n_arr = len(measured)
+    n_done_by_last = int((done.finish_s <= last_arr).sum())
+    in_system_end = n_arr - n_done_by_last
+    ended_early = bool((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).any())
+    open_loop = offered_rate is not None and last_arr > t0
+    growth = in_system_end / n_arr if n_arr else 0.0
+    saturated = ended_early or (open_loop and n_arr >= 50 and growth > 0.1 and
+                                thr["requests_per_s"] < 0.95 * n_arr / max(last_arr - t0, 1e-12))
+    metrics = {
+        "ttft_ms": describe(done.ttft_s.to_numpy()),
+        "tpot_ms": describe(done.tpot_s.to_numpy()),
+        "itl_ms": histogram_describe(out.gap_hist, itl_mean),
+        "e2e_ms": describe(done.e2e_s.to_numpy()),
+        "queue_ms": describe(done.queue_s.to_numpy()),
+    }
+    slo_report, attainment, goodput = evaluate_slo(slo, metrics, done, window)
+    return {
+        "num_requests": int(len(df)),
+        "num_measured": int(n_arr),
+        "num_completed": int((df.status == "done").sum()),
+        "num_rejected": int((df.status == "rejected").sum()),
+        "saturated": bool(saturated),
+        "queue_growth": {"in_system_at_last_arrival": int(in_system_end), "fraction_of_arrivals": growth},
+        "duration_s": end,
+        **metrics,
+        "throughput": thr,
+        "cost": cost,
+        "utilization": util,
+        "time_share": time_share,
+        "iterations": int(s[K.STAT_ITERATIONS]),
+        "preemptions": int(s[K.STAT_PREEMPTIONS]),
+        "slo": slo_report,
+        "slo_attainment": attainment,
+        "goodput_requests_per_s": goodput,
+    }
+
+
+def evaluate_slo(slo: dict, metrics: dict, done: pd.DataFrame, window: float):
+    """Aggregate targets (e.g. ttft_p99 <= 500 ms) and per-request attainment / goodput:
+    a request counts toward goodput when each of its own latencies meets every target
+    (DistServe, Zhong et al. OSDI 2024, sec. 2)."""
+    report = {}
+    ok = np.ones(len(done), dtype=bool)
+    for key, target in slo.items():
+        metric, stat = key.split("_")
+        value = metrics[f"{metric}_ms"].get(stat)
+        report[key] = {"target_ms": target * 1e3, "value_ms": value,
+                       "met": value is not None and value <= target * 1e3}
+        col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "itl": "max_gap_s"}[metric]
+        v = done[col].to_numpy()
+        ok &= ~(v > target)   # NaN (e.g. TPOT of a 1-token reply) does not fail a request
+    attainment = float(ok.mean()) if len(done) and slo else None
+    goodput = float(ok.sum() / window) if slo else None
+    return report, attainment, goodput

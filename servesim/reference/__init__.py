@@ -1,0 +1,1 @@
+"""Pure-Python reference simulator with the kernel's semantics."""

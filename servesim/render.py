@@ -1,0 +1,46 @@
+"""Plain-text rendering of a simulation summary."""
+from __future__ import annotations
+
+
+def _f(v, fmt="{:.1f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def summary_table(s: dict) -> str:
+    c = s["config"]
+    lines = [
+        f"servesim  {c['model']} on {c['replicas']} x {c['hardware']} (TP={c['tp']} PP={c['pp']}, {c['dtype']}), "
+        f"engine {c['engine']}/{c['scheduler']}, workload {c['workload']}",
+        f"load      " + ("offline (all at t=0)" if c["offline"] else
+                         f"closed loop, {c['concurrency']} clients" if c["concurrency"] else
+                         f"{c['arrival']} arrivals at {c['rate']:.3g} req/s")
+        + f", {s['num_requests']} requests, seed {c['seed']}",
+        f"status    {s['num_completed']} completed, {s['num_rejected']} rejected, "
+        f"{'SATURATED' if s['saturated'] else 'stable'}, simulated {s['duration_s']:.1f} s, "
+        f"{s['iterations']} iterations, {s['preemptions']} preemptions",
+        "",
+        f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}",
+    ]
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),
+                       ("queue_ms", "queueing")):
+        d = s[key]
+        lines.append(f"{label:<14}" + "".join(f"{_f(d.get(k)):>10}" for k in ("mean", "p50", "p90", "p95", "p99")))
+    t, u, cost = s["throughput"], s["utilization"], s["cost"]
+    lines += [
+        "",
+        f"throughput  {t['requests_per_s']:.2f} req/s, {t['input_tokens_per_s']:.0f} input tok/s, "
+        f"{t['output_tokens_per_s']:.0f} output tok/s ({t['output_tokens_per_s_per_gpu']:.0f} per GPU)",
+        f"utilisation batch {u['mean_batch_size']:.1f} seqs, busy {100 * u['busy_fraction']:.0f}%, "
+        f"KV mean {100 * u['kv_cache_mean']:.0f}% / max {100 * u['kv_cache_max']:.0f}%, "
+        f"MFU {100 * u['mfu']:.1f}%, MBU {100 * u['mbu']:.1f}%",
+        f"cost        ${cost['usd_per_hour']:.2f}/h, ${_f(cost['usd_per_million_output_tokens'], '{:.3f}')} per M output tokens, "
+        f"${_f(cost['usd_per_million_input_tokens'], '{:.3f}')} per M input tokens",
+    ]
+    if s.get("slo"):
+        lines.append("")
+        for k, v in s["slo"].items():
+            lines.append(f"SLO {k:<10} target {v['target_ms']:.1f} ms, got {_f(v['value_ms'])} ms: "
+                         f"{'met' if v['met'] else 'MISSED'}")
+        lines.append(f"SLO attainment {100 * s['slo_attainment']:.1f}% of requests, "
+                     f"goodput {s['goodput_requests_per_s']:.2f} req/s")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The Python API: `servesim.simulate(...) -> Result`, mirroring `servesim simulate`."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import numpy as np
+import pandas as pd
+
+from .config import load_hardware, load_model
+from .costmodel import Layout, build_replica
+from .engine.presets import get_preset
+from .engine.run import EngineOptions, engine_config, run_engine
+from .errors import ConfigError
+from .metrics import parse_duration, parse_slo, requests_frame, summarize
+from .workload import build_requests, load_workload
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Every knob of one simulation. None means: take it from the engine preset or the workload."""
+    model: str = "llama-3.1-8b"
+    hardware: str = "h100-sxm"
+    tp: int = 1
+    pp: int = 1
+    replicas: int = 1
+    router: str = "round-robin"
+    dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    allreduce: str = "auto"
+    engine: str = "vllm"
+    scheduler: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    chunk_size: int | None = None
+    block_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    preemption: str | None = None
+    iteration_overhead_us: float | None = None
+    workload: str = "chat"
+    isl: int | None = None
+    osl: int | None = None
+    rate: float | None = None
+    arrival: str = "poisson"
+    cv: float = 1.0
+    concurrency: int = 0
+    offline: bool = False
+    trace_mode: str = "lengths"
+    num_requests: int = 2000
+    duration: float | None = None
+    warmup: float = 0.0
+    slo: str | None = None
+    seed: int = 0
+    price: float | None = None
+
+
+@dataclass
+class Result:
+    config: dict
+    summary: dict
+    requests: pd.DataFrame
+    iterations: pd.DataFrame = field(repr=False)
+    gap_hist: np.ndarray = field(repr=False)
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary, indent=2, sort_keys=False, default=_json_default)
+
+
+def _json_default(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    raise TypeError(type(x))
+
+
+def _clean(obj):
+    """NaN/inf -> None so the JSON is valid and stable."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def resolve(cfg: SimConfig) -> tuple[SimConfig, object, object, object]:
+    """Fill preset defaults; load model, hardware and workload."""
+    preset = get_preset(cfg.engine)
+    filled = replace(
+        cfg,
+        scheduler=cfg.scheduler or preset.scheduler,
+        max_num_seqs=cfg.max_num_seqs or preset.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens or preset.max_num_batched_tokens,
+        chunk_size=cfg.chunk_size or (512 if (cfg.scheduler or preset.scheduler) == "sarathi" else preset.chunk_size),
+        block_size=cfg.block_size or preset.block_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization or preset.gpu_memory_utilization,
+        preemption=cfg.preemption or preset.preemption,
+    )
+    if not 0.0 < filled.gpu_memory_utilization <= 1.0:
+        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {filled.gpu_memory_utilization}")
+    if filled.num_requests < 1:
+        raise ConfigError(f"--num-requests must be >= 1, got {filled.num_requests}")
+    model = load_model(filled.model)
+    hw = load_hardware(filled.hardware)
+    if filled.iteration_overhead_us is not None:
+        from .config.hardware import with_efficiency
+        hw = with_efficiency(hw, iteration_overhead_s=filled.iteration_overhead_us * 1e-6)
+    workload = load_workload(filled.workload)
+    return filled, model, hw, workload
+
+
+def simulate(config: SimConfig | None = None, **options) -> Result:
+    """Run one simulation. `simulate(model="llama-3.1-70b", tp=4, rate=8)` or `simulate(SimConfig(...))`."""
+    cfg = replace(config or SimConfig(), **options)
+    cfg, model, hw, workload = resolve(cfg)
+    layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce)
+    rc = build_replica(model, hw, layout, cfg.gpu_memory_utilization,
+                       max_tokens=cfg.max_num_batched_tokens, max_seqs=cfg.max_num_seqs)
+    rate = None
+    if not cfg.offline and cfg.concurrency <= 0:
+        rate = cfg.rate if cfg.rate is not None else workload.default_rate * cfg.replicas
+        if rate <= 0:
+            raise ConfigError(f"--rate must be > 0, got {rate}")
+    reqs = build_requests(workload, cfg.num_requests, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv,
+                          offline=cfg.offline or cfg.concurrency > 0, isl=cfg.isl, osl=cfg.osl,
+                          trace_mode=cfg.trace_mode, max_len=model.max_context)
+    opts = EngineOptions(
+        scheduler=cfg.scheduler, router=cfg.router, preemption=cfg.preemption, replicas=cfg.replicas,
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        chunk_size=cfg.chunk_size, block_size=cfg.block_size, watermark=get_preset(cfg.engine).watermark,
+        concurrency=cfg.concurrency, duration=cfg.duration if cfg.duration else math.inf,
+        warmup_time=cfg.warmup,
+    )
+    ecfg = engine_config(opts, rc)
+    out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed)
+    df = requests_frame(out, reqs.prompt, reqs.output)
+    price = cfg.price if cfg.price is not None else hw.usd_per_hour
+    from .costmodel.dtypes import compute_dtype
+    summary = summarize(df, out, warmup=cfg.warmup, slo=parse_slo(cfg.slo), num_gpus_per_replica=rc.num_gpus,
+                        replicas=cfg.replicas, usd_per_gpu_hour=price,
+                        peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
+                        num_blocks=ecfg.num_blocks, offered_rate=rate)
+    config = {k: getattr(cfg, k) for k in (f.name for f in fields(cfg))}
+    config.update({"num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
+                   "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
+                   "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30, "rate": rate,
+                   "duration": cfg.duration})
+    summary = _clean({"config": config, **summary})
+    iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
+                          "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
+    return Result(config, summary, df, iters, out.gap_hist)
+
+
+def parse_duration_option(text: str | None, option: str) -> float | None:
+    return None if text in (None, "") else parse_duration(text, option)

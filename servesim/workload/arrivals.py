@@ -1,0 +1,174 @@
+"""Request arrival processes -> sorted float64 arrays of arrival times in seconds.
+
+Conventions shared by every process:
+- the first request arrives at `start` (like a benchmark client, which sends its first request at
+  once), and the returned times include the `start` offset;
+- `rate` is the long-run mean rate in requests per second; `rate = inf` sends every request at
+  `start` (the "all at once" load of trtllm-bench and vLLM's benchmark with `--request-rate inf`);
+- all randomness comes from the `numpy.random.Generator` passed in.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from servesim.errors import ConfigError
+
+PROCESSES = ("poisson", "gamma", "deterministic", "bursty", "daily")
+
+HOUR_S = 3600.0
+DAY_S = 24 * HOUR_S
+
+# Illustrative diurnal load shape, one multiplier per hour of the day (00:00-01:00 first), mean 1.
+# Only the qualitative shape is taken from a source: production LLM inference load on Azure is low at
+# night and high during working hours (the week-long Azure LLM inference trace 2024, characterised in
+# Stojkovic et al., "DynamoLLM", HPCA 2025). The values themselves are hand-chosen and NOT fitted to
+# that trace (peak/trough about 5). Pass your own 24 values as `daily_curve` to model a real service.
+_RAW_DIURNAL = (
+    0.45, 0.38, 0.34, 0.32, 0.33, 0.38,   # 00-06
+    0.52, 0.75, 1.05, 1.35, 1.55, 1.62,   # 06-12
+    1.55, 1.60, 1.65, 1.60, 1.50, 1.35,   # 12-18
+    1.18, 1.02, 0.90, 0.78, 0.65, 0.54,   # 18-24
+)
+DIURNAL_CURVE = tuple(round(v * 24 / sum(_RAW_DIURNAL), 4) for v in _RAW_DIURNAL)
+
+
+def offline_arrivals(n: int) -> np.ndarray:
+    """Offline (batch) load: every request is queued at time 0."""
+    return np.zeros(_count(n), dtype=np.float64)
+
+
+def arrival_times(
+    n: int,
+    rate: float,
+    rng: np.random.Generator,
+    process: str = "poisson",
+    cv: float = 1.0,
+    burst_on_s: float = 10.0,
+    burst_off_s: float = 10.0,
+    daily_curve=None,
+    start: float = 0.0,
+) -> np.ndarray:
+    """`n` arrival times (seconds, non-decreasing) with long-run mean rate `rate` requests/s.
+
+    processes:
+      poisson        exponential gaps, mean 1/rate
+      gamma          gamma gaps, mean 1/rate, coefficient of variation `cv` (shape 1/cv^2;
+                     cv = 1 is Poisson, cv < 1 smoother, cv > 1 burstier)
+      deterministic  constant gap 1/rate, exactly start + i/rate
+      bursty         on/off: Poisson at rate/duty during `burst_on_s`-second on-windows, nothing in
+                     the `burst_off_s`-second off-windows (duty = on/(on+off)), so the long-run mean
+                     is `rate`; starts at the beginning of an on-window
+      daily          non-homogeneous Poisson with intensity rate * m[h], h the hour of day of the
+                     absolute time t (t = 0 is midnight, so `start = 9 * 3600` begins at 09:00) and
+                     m = daily_curve / mean(daily_curve) (default `DIURNAL_CURVE`), piecewise
+                     constant per hour; sampled exactly by time rescaling: unit-rate Poisson points
+                     are mapped through the inverse of the cumulative intensity (Cinlar 1975;
+                     Lewis & Shedler 1979)
+    """
+    n = _count(n)
+    rate = _rate(rate)
+    start = float(start)
+    if not math.isfinite(start):
+        raise ConfigError(f"arrival start time {start!r} is not valid; use a finite number of seconds")
+    if process not in PROCESSES:
+        raise ConfigError(f"arrival process {process!r} unknown; use one of {', '.join(PROCESSES)}")
+    if n == 0:
+        return np.zeros(0, dtype=np.float64)
+    if math.isinf(rate):
+        return np.full(n, start, dtype=np.float64)
+
+    if process == "deterministic":
+        return start + np.arange(n, dtype=np.float64) / rate
+    if process == "poisson":
+        return start + _from_gaps(rng.exponential(1.0 / rate, size=n - 1))
+    if process == "gamma":
+        cv = _positive("--cv (gamma coefficient of variation)", cv)
+        shape = 1.0 / (cv * cv)
+        return start + _from_gaps(rng.gamma(shape, 1.0 / (rate * shape), size=n - 1))
+    if process == "bursty":
+        return start + _bursty(n, rate, rng, burst_on_s, burst_off_s)
+    return _daily(n, rate, rng, daily_curve, start)
+
+
+def _from_gaps(gaps: np.ndarray) -> np.ndarray:
+    t = np.empty(gaps.size + 1, dtype=np.float64)
+    t[0] = 0.0
+    np.cumsum(gaps, out=t[1:])
+    return t
+
+
+def _bursty(n, rate, rng, on_s, off_s) -> np.ndarray:
+    on = _positive("burst on-window (s)", on_s)
+    off = float(off_s)
+    if not math.isfinite(off) or off < 0:
+        raise ConfigError(f"burst off-window {off_s!r} s is not valid; use a number >= 0 seconds")
+    duty = on / (on + off)
+    # Poisson in "on-time" tau at rate/duty, then tau -> wall time by inserting an off-window after
+    # each completed on-window.
+    tau = _from_gaps(rng.exponential(duty / rate, size=n - 1))
+    window = np.floor(tau / on)
+    return window * (on + off) + (tau - window * on)
+
+
+def _daily(n, rate, rng, curve, start) -> np.ndarray:
+    m = daily_multipliers(DIURNAL_CURVE if curve is None else curve)
+    per_hour = rate * HOUR_S * m                       # expected arrivals in each hour of the day
+    edges = np.concatenate(([0.0], np.cumsum(per_hour)))  # cumulative intensity at each hour edge
+    per_day = edges[-1]
+
+    def cumulative(t):  # Lambda(t) since midnight of day 0
+        day, s = np.divmod(t, DAY_S)
+        h = np.minimum((s // HOUR_S).astype(np.int64), 23)
+        return day * per_day + edges[h] + rate * m[h] * (s - h * HOUR_S)
+
+    # Unit-rate Poisson points in Lambda-space, the first at Lambda(start) (first request at `start`).
+    y = cumulative(np.array([start]))[0] + _from_gaps(rng.exponential(1.0, size=n - 1))
+    day, r = np.divmod(y, per_day)
+    # side="right" lands on the last edge <= r, which skips hours whose multiplier is zero.
+    h = np.minimum(np.searchsorted(edges, r, side="right") - 1, 23)
+    slope = rate * m[h]
+    frac = np.divide(r - edges[h], slope, out=np.zeros_like(r), where=slope > 0)
+    t = day * DAY_S + h * HOUR_S + np.minimum(frac, HOUR_S)
+    t[0] = start
+    return np.maximum.accumulate(t)  # guards against rounding at hour edges
+
+
+def daily_multipliers(curve) -> np.ndarray:
+    """24 hourly values -> float64 multipliers with mean 1. Errors name what would work."""
+    try:
+        m = np.asarray(curve, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"daily curve {curve!r} is not valid; give 24 hourly numbers >= 0") from None
+    if m.shape != (24,):
+        raise ConfigError(f"daily curve has {m.size} values; give exactly 24, one per hour of the day")
+    if not np.all(np.isfinite(m)) or np.any(m < 0) or m.sum() <= 0:
+        raise ConfigError("daily curve values must be finite and >= 0 with at least one > 0")
+    return m / m.mean()
+
+
+def _rate(rate) -> float:
+    try:
+        r = float(rate)
+    except (TypeError, ValueError):
+        r = float("nan")
+    if isinstance(rate, bool) or not (r > 0):
+        raise ConfigError(f"--rate {rate!r} is not valid; use a rate > 0 requests/s (or inf for all at once)")
+    return r
+
+
+def _positive(name: str, v) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not (math.isfinite(x) and x > 0):
+        raise ConfigError(f"{name} {v!r} is not valid; use a finite number > 0")
+    return x
+
+
+def _count(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ConfigError(f"number of requests {n!r} is not valid; use an integer >= 0")
+    return int(n)

@@ -1,0 +1,334 @@
+"""Named workloads (workloads/*.toml) and turning a workload into request arrays.
+
+A workload is a prompt-length distribution, an output-length distribution, an optional trace (for
+replay) and a default request rate. `load_workload` reads one; `build_requests` draws `n` requests
+from it as a `Requests` bundle of NumPy arrays, the form the engine takes.
+
+Randomness: `build_requests` derives independent child streams from `numpy.random.SeedSequence(seed)`
+(the seeding `numpy.random.default_rng(seed)` uses) for arrivals, prompts, outputs and joint
+(prompt, output) draws, so changing the rate or the arrival process never changes the lengths, and
+overriding one length never changes the other.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from servesim.errors import ConfigError
+from servesim.paths import traces_dir, workloads_dir
+from servesim.workload.arrivals import DIURNAL_CURVE, arrival_times
+from servesim.workload.lengths import KINDS, LengthSpec, clip_lengths, sample_lengths
+from servesim.workload.traces import Trace, read_trace
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+TRACE_MODES = ("lengths", "replay", "scale")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    description: str
+    source: str
+    prompt: LengthSpec
+    output: LengthSpec
+    trace: Trace | None      # kept for replay/scale, and for joint (prompt, output) sampling
+    default_rate: float      # requests/s when no rate is given
+
+
+class Requests(NamedTuple):
+    arrival: np.ndarray  # float64 seconds, non-decreasing
+    prompt: np.ndarray   # int64 prompt tokens
+    output: np.ndarray   # int64 output tokens
+
+
+# --------------------------------------------------------------------------- loading
+
+_TOP_KEYS = {"name": True, "description": True, "source": True, "default_rate": True,
+             "prompt": True, "output": True}  # key -> required
+_KIND_KEYS = {
+    "fixed": ("value",),
+    "uniform": ("low", "high"),
+    "normal": ("mean", "std"),
+    "lognormal": ("median", "sigma"),
+    "empirical": (),  # plus exactly one of trace / samples
+}
+_COMMON_KEYS = ("kind", "min_len", "max_len")
+
+
+def list_workloads() -> list[str]:
+    """Names of the shipped workloads (the stems of workloads/*.toml), sorted."""
+    return sorted(p.stem for p in workloads_dir().glob("*.toml"))
+
+
+def load_workload(name_or_path) -> WorkloadSpec:
+    """A shipped workload name, a path to a workload .toml, or a path to a trace .csv.
+
+    A trace .csv gives empirical prompt and output lengths (sampled jointly, as rows) and is kept for
+    replay; its default rate is the trace's mean arrival rate, or 1 request/s without timestamps.
+    """
+    s = str(name_or_path)
+    p = Path(s)
+    if p.suffix.lower() == ".csv":
+        return _from_trace(p)
+    if p.suffix.lower() == ".toml":
+        if not p.is_file():
+            raise ConfigError(f"{p}: workload file not found; pass an existing .toml or a shipped name "
+                              f"({', '.join(list_workloads())})")
+        return _from_toml(p)
+    names = list_workloads()
+    if s in names:
+        return _from_toml(workloads_dir() / f"{s}.toml")
+    raise ConfigError(f"unknown workload {s!r}; available: {', '.join(names)}; "
+                      "or pass a .toml or trace .csv path")
+
+
+def _from_trace(p: Path) -> WorkloadSpec:
+    tr = read_trace(p)
+    rate = tr.mean_rate or 1.0
+    what = f"{len(tr)} requests" + ("" if tr.arrival_s is None else f" over {tr.arrival_s[-1]:.1f} s")
+    return WorkloadSpec(
+        name=p.stem,
+        description=f"trace {p.name} ({tr.format} format, {what})",
+        source=str(p),
+        prompt=LengthSpec("empirical", samples=tuple(tr.prompt.tolist())),
+        output=LengthSpec("empirical", samples=tuple(tr.output.tolist())),
+        trace=tr,
+        default_rate=rate,
+    )
+
+
+def _from_toml(p: Path) -> WorkloadSpec:
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read ({e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML ({e})") from None
+
+    def where(section: str | None, key: str) -> str:
+        n = _line_of(text, section, key)
+        return f"{p}:{n}" if n else str(p)
+
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{where(None, key)}: unknown key {key!r}; allowed: {', '.join(_TOP_KEYS)}")
+    for key, required in _TOP_KEYS.items():
+        if required and key not in data:
+            raise ConfigError(f"{p}: missing key {key!r}; a workload needs {', '.join(_TOP_KEYS)}")
+    for key in ("name", "description", "source"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise ConfigError(f"{where(None, key)}: {key} = {data[key]!r}; use a non-empty string")
+    if data["name"] != p.stem:
+        raise ConfigError(f"{where(None, 'name')}: name = {data['name']!r} differs from the file name; "
+                          f"use name = {p.stem!r}")
+    rate = data["default_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (rate > 0) or math.isinf(rate):
+        raise ConfigError(f"{where(None, 'default_rate')}: default_rate = {rate!r}; "
+                          "use a finite rate > 0 requests/s")
+
+    traces: dict[Path, Trace] = {}
+    specs, used = {}, {}
+    for section in ("prompt", "output"):
+        table = data[section]
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where(None, section)}: {section} must be a table ([{section}])")
+        specs[section], used[section] = _length_spec(p, section, table, traces, where)
+    same = used["prompt"] is not None and used["prompt"] == used["output"]
+    return WorkloadSpec(name=data["name"], description=data["description"], source=data["source"],
+                        prompt=specs["prompt"], output=specs["output"],
+                        trace=traces[used["prompt"]] if same else None, default_rate=float(rate))
+
+
+def _length_spec(p: Path, section: str, table: dict, traces: dict, where) -> tuple[LengthSpec, Path | None]:
+    kind = table.get("kind")
+    if kind is None:
+        raise ConfigError(f"{where(section, section)}: [{section}] missing key 'kind'; "
+                          f"use one of {', '.join(KINDS)}")
+    if kind not in _KIND_KEYS:
+        raise ConfigError(f"{where(section, 'kind')}: [{section}] kind = {kind!r} unknown; "
+                          f"use one of {', '.join(KINDS)}")
+    extra = ("trace", "samples") if kind == "empirical" else ()
+    allowed = _COMMON_KEYS + _KIND_KEYS[kind] + extra
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{where(section, key)}: [{section}] unknown key {key!r} for kind {kind!r}; "
+                              f"allowed: {', '.join(allowed)}")
+    for key in _KIND_KEYS[kind]:
+        if key not in table:
+            raise ConfigError(f"{where(section, section)}: [{section}] missing key {key!r} for kind {kind!r}; "
+                              f"it needs {', '.join(_KIND_KEYS[kind])}")
+    kwargs = {k: v for k, v in table.items() if k not in ("trace", "samples")}
+    trace_path = None
+    if kind == "empirical":
+        if ("trace" in table) == ("samples" in table):
+            raise ConfigError(f"{where(section, section)}: [{section}] empirical needs exactly one of "
+                              "'trace' (a CSV under workloads/traces/) or 'samples' (a list of lengths)")
+        if "trace" in table:
+            trace_path = _resolve_trace(p, table["trace"], where(section, "trace"))
+            if trace_path not in traces:
+                traces[trace_path] = read_trace(trace_path)
+            tr = traces[trace_path]
+            kwargs["samples"] = tuple((tr.prompt if section == "prompt" else tr.output).tolist())
+        else:
+            if not isinstance(table["samples"], list):
+                raise ConfigError(f"{where(section, 'samples')}: [{section}] samples must be a list of lengths")
+            kwargs["samples"] = tuple(table["samples"])
+    try:
+        return LengthSpec(**kwargs), trace_path
+    except ConfigError as e:
+        raise ConfigError(f"{where(section, section)}: [{section}] {e}") from None
+    except TypeError as e:
+        raise ConfigError(f"{where(section, section)}: [{section}] {e}") from None
+
+
+def _resolve_trace(p: Path, name, at: str) -> Path:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{at}: trace = {name!r}; use a CSV file name under workloads/traces/")
+    for base in (p.parent, traces_dir()):
+        cand = (base / name).resolve()
+        if cand.is_file():
+            return cand
+    shipped = sorted(q.name for q in traces_dir().glob("*.csv"))
+    raise ConfigError(f"{at}: trace {name!r} not found next to {p.name} or in workloads/traces/; "
+                      f"shipped traces: {', '.join(shipped)}")
+
+
+def _line_of(text: str, section: str | None, key: str) -> int | None:
+    """1-based line of `key = ...` inside `[section]` (None: top level), or of the `[key]` header."""
+    current = None
+    for i, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        m = re.match(r"^\[\s*([^\]]+?)\s*\]", line)
+        if m:
+            current = m.group(1)
+            if section is None and current == key or section == key == current:
+                return i
+            continue
+        if current == section and re.match(rf'^"?{re.escape(key)}"?\s*=', line):
+            return i
+    return None
+
+
+# --------------------------------------------------------------------------- building
+
+def build_requests(spec: WorkloadSpec, n: int, seed: int, *, rate=None, process="poisson", cv=1.0,
+                   offline=False, isl=None, osl=None, trace_mode="lengths", daily_curve=None,
+                   max_len=None) -> Requests:
+    """Draw `n` requests from `spec`.
+
+    rate        requests/s (default `spec.default_rate`); used by `lengths` and `scale`
+    process     arrival process, see `arrival_times` (poisson, gamma, deterministic, bursty, daily)
+    offline     every request arrives at t = 0
+    isl, osl    fixed prompt / output lengths overriding the workload's
+    trace_mode  lengths: sample lengths from the workload (from a trace, prompt and output are drawn
+                         together as rows, keeping their correlation); arrivals from `process`
+                replay:  the trace's first n rows as they are, with the trace's arrival times
+                scale:   the trace's first n rows, inter-arrival times scaled so the mean rate
+                         (n - 1) / span equals `rate`
+    max_len     model context: where prompt + output > max_len the prompt is cut first (down to 1
+                token), then the output
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ConfigError(f"--num-requests {n!r} is not valid; use an integer >= 1")
+    n = int(n)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"--seed {seed!r} is not valid; use an integer >= 0")
+    if trace_mode not in TRACE_MODES:
+        raise ConfigError(f"--trace-mode {trace_mode!r} unknown; use one of {', '.join(TRACE_MODES)}")
+    rate = spec.default_rate if rate is None else rate
+    arr_rng, prompt_rng, output_rng, joint_rng = (np.random.default_rng(s)
+                                                  for s in np.random.SeedSequence(int(seed)).spawn(4))
+
+    if trace_mode == "lengths":
+        prompt, output = _sample_pair(spec, n, prompt_rng, output_rng, joint_rng)
+        if offline:
+            arrival = np.zeros(n, dtype=np.float64)
+        else:
+            curve = DIURNAL_CURVE if daily_curve is None else daily_curve
+            arrival = arrival_times(n, rate, arr_rng, process=process, cv=cv, daily_curve=curve)
+    else:
+        tr = _trace_rows(spec, n, trace_mode)
+        prompt, output = tr.prompt[:n].copy(), tr.output[:n].copy()
+        t = tr.arrival_s[:n] - tr.arrival_s[0]
+        if offline:
+            arrival = np.zeros(n, dtype=np.float64)
+        elif trace_mode == "replay":
+            arrival = t.astype(np.float64, copy=True)
+        else:
+            arrival = _scaled(t, rate, spec.name)
+
+    if isl is not None:
+        prompt = np.full(n, _override("--isl", isl), dtype=np.int64)
+    if osl is not None:
+        output = np.full(n, _override("--osl", osl), dtype=np.int64)
+    if max_len is not None:
+        prompt, output = clip_to_context(prompt, output, max_len)
+    return Requests(np.ascontiguousarray(arrival, dtype=np.float64),
+                    np.ascontiguousarray(prompt, dtype=np.int64),
+                    np.ascontiguousarray(output, dtype=np.int64))
+
+
+def _paired(spec: WorkloadSpec) -> bool:
+    """Prompt and output are both the rows of the workload's trace: sample them as pairs."""
+    tr = spec.trace
+    return (tr is not None and spec.prompt.kind == "empirical" and spec.output.kind == "empirical"
+            and len(spec.prompt.samples) == len(spec.output.samples) == len(tr))
+
+
+def _sample_pair(spec, n, prompt_rng, output_rng, joint_rng):
+    if _paired(spec):
+        rows = joint_rng.integers(0, len(spec.trace), size=n)
+        return (clip_lengths(spec.trace.prompt[rows], spec.prompt),
+                clip_lengths(spec.trace.output[rows], spec.output))
+    return sample_lengths(spec.prompt, n, prompt_rng), sample_lengths(spec.output, n, output_rng)
+
+
+def _trace_rows(spec: WorkloadSpec, n: int, mode: str) -> Trace:
+    tr = spec.trace
+    if tr is None or tr.arrival_s is None:
+        why = "has no trace" if tr is None else f"trace {Path(tr.path).name} has no arrival times"
+        raise ConfigError(f"--trace-mode {mode} needs a trace with arrival times, but workload "
+                          f"{spec.name!r} {why}; pass a timed trace .csv or use --trace-mode lengths")
+    if n > len(tr):
+        raise ConfigError(f"--num-requests {n} exceeds the {len(tr)} rows of trace {Path(tr.path).name}; "
+                          f"use --num-requests <= {len(tr)} or --trace-mode lengths")
+    return tr
+
+
+def _scaled(t: np.ndarray, rate, name: str) -> np.ndarray:
+    rate = float(rate) if not isinstance(rate, bool) else float("nan")
+    if not (rate > 0):
+        raise ConfigError(f"--rate {rate!r} is not valid; use a rate > 0 requests/s")
+    if t.size == 1 or math.isinf(rate):
+        return np.zeros(t.size, dtype=np.float64)
+    span = float(t[-1] - t[0])
+    if span <= 0:
+        raise ConfigError(f"--trace-mode scale: the first {t.size} arrivals of workload {name!r} all share "
+                          "one time, so there is no rate to scale; use --trace-mode replay or lengths")
+    return (t - t[0]) * (((t.size - 1) / rate) / span)
+
+
+def _override(flag: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ConfigError(f"{flag} {v!r} is not valid; use an integer >= 1 token")
+    return int(v)
+
+
+def clip_to_context(prompt: np.ndarray, output: np.ndarray, max_len) -> tuple[np.ndarray, np.ndarray]:
+    """Fit prompt + output into `max_len` tokens: cut the prompt first (keeping >= 1), then the output."""
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 2:
+        raise ConfigError(f"--max-len {max_len!r} is not valid; use a context length >= 2 tokens")
+    m = int(max_len)
+    output = np.minimum(output, m - 1)
+    prompt = np.maximum(np.minimum(prompt, m - output), 1)
+    return prompt.astype(np.int64), output.astype(np.int64)
