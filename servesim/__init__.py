@@ -4,6 +4,6 @@ __version__ = "0.1.0"
 
 
 def simulate(config=None, **options):
-    """Run one serving simulation; see servesim.simulate.SimConfig for the options."""
-    from .simulate import simulate as _simulate
+    """Run one serving simulation; see servesim.api.SimConfig for the options."""
+    from .api import simulate as _simulate
     return _simulate(config, **options)

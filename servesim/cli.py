@@ -249,7 +249,7 @@ def simulate(fmt, outdir, **kw):
       servesim simulate --isl 1024 --osl 128 --offline --num-requests 1000 --engine trtllm
     """
     from .metrics import parse_duration
-    from .simulate import SimConfig, simulate as run
+    from .api import SimConfig, simulate as run
     kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] else None
     kw["warmup"] = parse_duration(kw["warmup"], "--warmup")
     res = run(SimConfig(**kw))

@@ -208,7 +208,10 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
     # local batch buffers
     b_req = np.zeros(B, np.int64)
     b_chunk = np.zeros(B, np.int64)
+    pf_cand = np.zeros(B, np.int64)
 
+    cached_gap = -1.0
+    cached_bin = 0
     closed = cfg.concurrency > 0
     if closed:
         known = min(cfg.concurrency, n)     # requests whose send time is known
@@ -264,7 +267,11 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                         if gap > max_gap[i]:
                             max_gap[i] = gap
                         if arrival[i] >= cfg.warmup_time:
-                            gap_hist[_gap_bin(gap)] += 1
+                            # most decodes of a micro-batch share one gap: bin it once
+                            if gap != cached_gap:
+                                cached_gap = gap
+                                cached_bin = _gap_bin(gap)
+                            gap_hist[cached_bin] += 1
                     last_token[i] = now
                     if generated[i] >= output[i]:
                         status[i] = C.DONE
@@ -361,19 +368,35 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                         decode_only = False
             # 1) running requests, decodes first, then partial prefills (not for a V0 prefill step)
             if pol != C.VLLM_V0 or decode_only:
+                n_pfc = 0
                 for phase in range(2):
                     j = 0
-                    while j < n_run[r]:
-                        i = run[r, j]
+                    while True:
+                        # phase 0 walks the running list (decodes; prefills are set aside),
+                        # phase 1 the set-aside partial prefills, in the same order
+                        if phase == 0:
+                            if j >= n_run[r]:
+                                break
+                            i = run[r, j]
+                        else:
+                            if j >= n_pfc:
+                                break
+                            i = pf_cand[j]
+                            if status[i] != C.RUNNING:
+                                j += 1
+                                continue      # preempted during phase 0
                         j += 1
                         if inflight[i]:
                             continue
                         pend = prompt[i] + generated[i] - computed[i]
-                        is_decode = generated[i] > 0 and pend == 1
-                        if (phase == 0) != is_decode:
+                        if phase == 0 and not (generated[i] > 0 and pend == 1):
+                            pf_cand[n_pfc] = i
+                            n_pfc += 1
                             continue
                         if nb >= B or budget <= 0:
-                            continue
+                            if phase == 0:
+                                continue
+                            break
                         c = pend
                         if c > budget:
                             if pol == C.ORCA:
@@ -418,7 +441,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                             if v == i:
                                 victim_self = True
                                 break
-                            if v != i:
+                            if v != i and phase == 0:
                                 # the list shifted left past v's slot; re-find our position
                                 for j2 in range(n_run[r]):
                                     if run[r, j2] == i:

@@ -296,7 +296,7 @@ def _sample_pair(spec, n, prompt_rng, output_rng, joint_rng):
 def _trace_rows(spec: WorkloadSpec, n: int, mode: str) -> Trace:
     tr = spec.trace
     if tr is None or tr.arrival_s is None:
-        why = "has no trace" if tr is None else f"trace {Path(tr.path).name} has no arrival times"
+        why = "has no trace" if tr is None else f"has no arrival times in its trace {Path(tr.path).name}"
         raise ConfigError(f"--trace-mode {mode} needs a trace with arrival times, but workload "
                           f"{spec.name!r} {why}; pass a timed trace .csv or use --trace-mode lengths")
     if n > len(tr):

@@ -92,7 +92,7 @@ def read_trace(path) -> Trace:
     if blank.any():
         df, line = df[~blank], line[~blank]
     if df.shape[0] == 0:
-        raise ConfigError(f"{p}: no data rows after the header on line 1; a trace needs at least one request")
+        raise ConfigError(f"{p}:1: no data rows after the header; a trace needs at least one request")
 
     prompt = _integers(p, df[fmt.prompt], line, fmt.prompt)
     output = _integers(p, df[fmt.output], line, fmt.output)
@@ -155,7 +155,7 @@ def _numeric(p: Path, col: pd.Series, line: np.ndarray, name: str) -> np.ndarray
     if pd.api.types.is_numeric_dtype(col.dtype):
         x = col.to_numpy(dtype=np.float64)
     else:
-        x = pd.to_numeric(col.astype(str).str.strip(), errors="coerce").to_numpy(dtype=np.float64)
+        x = np.array(pd.to_numeric(col.astype(str).str.strip(), errors="coerce"), dtype=np.float64)
         x[col.isna().to_numpy()] = np.nan
     bad = np.flatnonzero(~np.isfinite(x))
     if bad.size:

@@ -1,0 +1,1 @@
+"""Fitting cost-model efficiencies to measurements."""
