@@ -84,8 +84,8 @@ def _clean(obj):
     return obj
 
 
-def resolve(cfg: SimConfig) -> tuple[SimConfig, object, object, object]:
-    """Fill preset defaults; load model, hardware and workload."""
+def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]:
+    """Fill preset defaults; load model, hardware (unless a profile object is given) and workload."""
     preset = get_preset(cfg.engine)
     filled = replace(
         cfg,
@@ -102,7 +102,7 @@ def resolve(cfg: SimConfig) -> tuple[SimConfig, object, object, object]:
     if filled.num_requests < 1:
         raise ConfigError(f"--num-requests must be >= 1, got {filled.num_requests}")
     model = load_model(filled.model)
-    hw = load_hardware(filled.hardware)
+    hw = hw if hw is not None else load_hardware(filled.hardware)
     if filled.iteration_overhead_us is not None:
         from .config.hardware import with_efficiency
         hw = with_efficiency(hw, iteration_overhead_s=filled.iteration_overhead_us * 1e-6)
@@ -110,13 +110,16 @@ def resolve(cfg: SimConfig) -> tuple[SimConfig, object, object, object]:
     return filled, model, hw, workload
 
 
-def simulate(config: SimConfig | None = None, **options) -> Result:
-    """Run one simulation. `simulate(model="llama-3.1-70b", tp=4, rate=8)` or `simulate(SimConfig(...))`."""
+def simulate(config: SimConfig | None = None, *, hardware_profile=None, **options) -> Result:
+    """Run one simulation. `simulate(model="llama-3.1-70b", tp=4, rate=8)` or `simulate(SimConfig(...))`.
+
+    `hardware_profile` replaces the named profile with an in-memory one (used by calibration)."""
     cfg = replace(config or SimConfig(), **options)
-    cfg, model, hw, workload = resolve(cfg)
+    cfg, model, hw, workload = resolve(cfg, hardware_profile)
     layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce)
     rc = build_replica(model, hw, layout, cfg.gpu_memory_utilization,
-                       max_tokens=cfg.max_num_batched_tokens, max_seqs=cfg.max_num_seqs)
+                       max_tokens=cfg.max_num_batched_tokens, max_seqs=cfg.max_num_seqs,
+                       fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
     rate = None
     if not cfg.offline and cfg.concurrency <= 0:
         rate = cfg.rate if cfg.rate is not None else workload.default_rate * cfg.replicas

@@ -59,6 +59,13 @@ BOUNDS = {
     "scaleup_latency_us": (0.0, 50.0),
 }
 FP16_BYTES = 2.0
+# Bytes per unit of the Vidur network CSVs' ``size`` column. The shared README calls it "elements of
+# fp16" (2 bytes each), but read that way the measured send-recv and 2-GPU all-reduce move data faster
+# than the datasheet NVLink bandwidth per direction (A100 send-recv ~450 GB/s vs 300 GB/s; H100
+# ~720 GB/s vs 450 GB/s), which is physically impossible; read as bytes every file is below the link
+# rate and H100 send-recv is predicted within a few percent from all-reduce-fitted link parameters.
+# experiments/fit_costmodel.py reports both readings.
+VIDUR_NETWORK_BYTES_PER_SIZE = 1.0
 
 
 def _median_col(op: str) -> str:
@@ -173,13 +180,17 @@ def elementwise_frame(mlp: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def read_vidur_network(path, system: str | None = None) -> pd.DataFrame:
+def read_vidur_network(path, system: str | None = None,
+                       bytes_per_size: float = VIDUR_NETWORK_BYTES_PER_SIZE) -> pd.DataFrame:
     """A Vidur ``network/<system>/{all_reduce,send_recv}.csv`` as a tidy frame.
 
     Columns: ``system, collective, op_class, num_workers, devices_per_node, intra_node, size, nbytes,
-    time_s``. ``size`` counts fp16 elements, ``nbytes = 2 * size``; ``time_s`` is the median in
-    seconds; ``intra_node`` is true when all workers sit in one node (``num_workers <= devices_per_node``).
+    time_s``. ``nbytes = bytes_per_size * size`` (see ``VIDUR_NETWORK_BYTES_PER_SIZE`` for why the
+    default is 1); ``time_s`` is the median in seconds; ``intra_node`` is true when all workers sit
+    in one node (``num_workers <= devices_per_node``); ``system`` defaults to the folder name.
     """
+    if not bytes_per_size > 0:
+        raise ConfigError(f"read_vidur_network: bytes_per_size must be > 0, got {bytes_per_size!r}")
     path = Path(path)
     try:
         head = pd.read_csv(path, nrows=1)
@@ -200,7 +211,7 @@ def read_vidur_network(path, system: str | None = None) -> pd.DataFrame:
         "system": system if system is not None else path.parent.name,
         "collective": collective, "op_class": collective,
         "num_workers": workers, "devices_per_node": per_node, "intra_node": workers <= per_node,
-        "size": size, "nbytes": FP16_BYTES * size,
+        "size": size, "nbytes": bytes_per_size * size,
         "time_s": raw[_median_col(collective)].to_numpy(dtype=np.float64) * 1e-3,
     })
 
@@ -400,6 +411,6 @@ def error_summary(frame: pd.DataFrame, by, pred: str = "pred_s", meas: str = "ti
     }).reset_index()
 
 
-__all__ = ["BOUNDS", "COLLECTIVE_PARAMS", "GEMM_OPS", "GEMM_PARAMS", "elementwise_bytes", "elementwise_frame",
+__all__ = ["BOUNDS", "VIDUR_NETWORK_BYTES_PER_SIZE", "COLLECTIVE_PARAMS", "GEMM_OPS", "GEMM_PARAMS", "elementwise_bytes", "elementwise_frame",
            "error_summary", "fit_collectives", "fit_gemm", "predict_collectives", "predict_elementwise",
            "predict_gemm", "profile_params", "read_vidur_mlp", "read_vidur_network", "relative_errors"]

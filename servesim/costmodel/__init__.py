@@ -27,11 +27,11 @@ class ReplicaCost:
 
 
 def build_replica(model, hw, layout: Layout, gpu_memory_utilization: float = 0.9,
-                  max_tokens: int = 8192, max_seqs: int = 256) -> ReplicaCost:
+                  max_tokens: int = 8192, max_seqs: int = 256, fraction_of_free: bool = False) -> ReplicaCost:
     params = lower(model, hw, layout)
     check_weights_fit(model, hw, layout, gpu_memory_utilization)
     mem = plan_memory(model, hw, layout.tp, layout.pp, layout.dtype, kv_dtype_resolved(layout.kv_dtype, layout.dtype),
-                      gpu_memory_utilization, max_tokens, max_seqs)
+                      gpu_memory_utilization, max_tokens, max_seqs, fraction_of_free)
     return ReplicaCost(model, hw, layout, params, mem)
 
 

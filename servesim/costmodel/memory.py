@@ -108,11 +108,18 @@ def activation_bytes_per_gpu(model, tp: int, dtype: str, max_tokens: int, max_se
 
 
 def plan_memory(model, hw, tp: int, pp: int, dtype: str, kv_dtype: str, gpu_memory_utilization: float,
-                max_tokens: int, max_seqs: int) -> MemoryPlan:
+                max_tokens: int, max_seqs: int, fraction_of_free: bool = False) -> MemoryPlan:
+    """KV capacity. vLLM: the fraction is of all HBM (`gpu_memory_utilization`, vLLM docs).
+    TensorRT-LLM (`fraction_of_free`): the fraction is of the memory left after weights and
+    activations are allocated (`kv_cache_free_gpu_mem_fraction`, TensorRT-LLM docs, "KV cache")."""
     w = weight_bytes_per_gpu(model, tp, pp, dtype)
     kv = kv_bytes_per_token_layer(model, tp, kv_dtype) * layers_per_stage(model, pp)
     act = activation_bytes_per_gpu(model, tp, dtype, max_tokens, max_seqs)
-    usable = hw.hbm_bytes * gpu_memory_utilization
+    if fraction_of_free:
+        usable = w + act + RUNTIME_RESERVE_BYTES + gpu_memory_utilization * max(
+            hw.hbm_bytes - w - act - RUNTIME_RESERVE_BYTES, 0.0)
+    else:
+        usable = hw.hbm_bytes * gpu_memory_utilization
     free = usable - w - act - RUNTIME_RESERVE_BYTES
     cap = int(free // kv) if free > 0 else 0
     return MemoryPlan(w, kv, act, RUNTIME_RESERVE_BYTES, hw.hbm_bytes, usable, cap)

@@ -23,6 +23,7 @@ class EnginePreset:
     watermark: float          # fraction of KV blocks kept free when admitting
     preemption: str
     source: str
+    memory_fraction_of_free: bool = False   # TensorRT-LLM semantics of the memory fraction
 
 
 PRESETS = {
@@ -35,7 +36,7 @@ PRESETS = {
     # trtllm-bench defaults since 0.11), tokens_per_block 64, kv_cache_free_gpu_mem_fraction 0.90
     # (0.95 in the published throughput tables). nvidia.github.io/TensorRT-LLM "Best practices".
     "trtllm": EnginePreset("trtllm", "vllm", 2048, 8192, 8192, 64, 0.90, 0.0, "recompute",
-                           "TensorRT-LLM build/bench defaults (nvidia.github.io/TensorRT-LLM)"),
+                           "TensorRT-LLM build/bench defaults (nvidia.github.io/TensorRT-LLM)", True),
     # SGLang: chunked_prefill_size 8192, page_size 1, mem_fraction_static ~0.88 on 80 GB GPUs,
     # max_running_requests derived from memory (we cap at 1024). docs.sglang.ai "Server Arguments".
     "sglang": EnginePreset("sglang", "vllm", 1024, 8192, 8192, 1, 0.88, 0.0, "recompute",

@@ -1,0 +1,188 @@
+"""Reproduce published TensorRT-LLM serving results with the simulator, and fit engine parameters.
+
+The shipped file `data/inference_published_calibration.csv` (copied from servesim's calibration
+set; every value from a public TensorRT-LLM performance page, source in its `source` column) has
+three kinds of rows, each reproduced with the `trtllm` preset:
+
+- `static_batch` (v0.9): a fixed batch of `load_value` requests, no in-flight batching ->
+  scheduler `static`, offline, max_num_seqs = batch; metric output tok/s per GPU, or batch-1 TTFT.
+- `offline_max_throughput` (v0.14, v0.17): every request queued at t = 0 (trtllm-bench) ->
+  `--offline`, KV memory fraction 0.95; metric output tok/s of the whole TP group.
+- `request_rate` (v0.14): Poisson arrivals at `load_value` req/s (`inf`: all at once), 500 requests;
+  metrics mean TTFT, mean inter-token latency, achieved request rate, output tokens/s.
+
+The fit (`fit_engine`) moves only the parameters these end-to-end rows identify and the
+per-operator timings do not: per-iteration overhead, per-sequence overhead and the two attention
+efficiencies, with bounds that keep them physical. GEMM and collective parameters come from the
+per-operator fit and are left alone.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+
+DATA = Path(__file__).resolve().parent / "data" / "inference_published_calibration.csv"
+
+MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
+          "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b", "Llama-2-7B": "llama-2-7b",
+          "Llama-2-70B": "llama-2-70b"}
+REQUIRED = ("engine", "engine_version", "model", "hardware", "tp", "pp", "precision", "isl", "osl",
+            "load_kind", "load_value", "metric", "value")
+FIT_KEYS = ("iteration_overhead_s", "per_seq_overhead_s", "attn_prefill_max", "attn_decode_hbm_fraction")
+_BOUNDS = {"iteration_overhead_s": (1e-5, 0.02), "per_seq_overhead_s": (0.0, 2e-4),
+           "attn_prefill_max": (0.05, 1.0), "attn_decode_hbm_fraction": (0.05, 1.0)}
+
+
+def hardware_name(text: str) -> str:
+    t = text.upper()
+    if t.startswith("H100"):
+        return "h100-sxm"
+    if t.startswith("A100"):
+        return "a100-sxm-80gb"
+    if t.startswith("H200"):
+        return "h200-sxm"
+    raise ConfigError(f"published row: unknown hardware {text!r}; known: H100-SXM-80GB, A100-SXM4-80GB, H200")
+
+
+def precision(text: str) -> tuple[str, str]:
+    """(weight dtype, kv dtype) for the CSV's precision labels."""
+    t = text.upper()
+    if t.startswith("FP8"):
+        return "fp8", "fp8"
+    if t.startswith("BF16"):
+        return "bf16", "bf16"
+    if t.startswith("FP16"):
+        return "fp16", "fp16"
+    raise ConfigError(f"published row: unknown precision {text!r}; known: FP8..., BF16, FP16")
+
+
+def load_published(path: str | Path | None = None) -> pd.DataFrame:
+    p = Path(path) if path else DATA
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file")
+    df = pd.read_csv(p)
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{p}: missing columns {', '.join(missing)}; expected {', '.join(REQUIRED)}")
+    df = df[df.model.isin(MODELS)].copy()
+    df["row"] = df.index
+    return df.reset_index(drop=True)
+
+
+def setup_of(row) -> dict:
+    """SimConfig options that reproduce one published row."""
+    dtype, kv = precision(row.precision)
+    isl, osl = int(row.isl), int(row.osl)
+    opts = dict(model=MODELS[row.model], hardware=hardware_name(row.hardware), tp=int(row.tp), pp=int(row.pp),
+                dtype=dtype, kv_dtype=kv, engine="trtllm", isl=isl, osl=osl, seed=0)
+    kind = row.load_kind
+    if kind == "static_batch":
+        batch = int(row.load_value)
+        opts.update(scheduler="static", offline=True, max_num_seqs=batch, num_requests=batch,
+                    gpu_memory_utilization=0.95,
+                    max_num_batched_tokens=max(8192, batch * isl))
+    elif kind == "offline_max_throughput":
+        opts.update(offline=True, gpu_memory_utilization=0.95, num_requests=3000 if osl <= 256 else 1500)
+    elif kind == "request_rate":
+        rate = float(row.load_value)
+        opts.update(num_requests=500)
+        if math.isinf(rate):
+            opts.update(offline=True)
+        else:
+            opts.update(rate=rate)
+    else:
+        raise ConfigError(f"published row {row.row}: unknown load_kind {kind!r}")
+    return opts
+
+
+def metric_of(summary: dict, row) -> float:
+    m = row.metric
+    if m == "output_tokens_per_s_per_gpu":
+        return summary["throughput"]["output_tokens_per_s_per_gpu"]
+    if m == "total_output_tokens_per_s":
+        return summary["throughput"]["output_tokens_per_s"]
+    if m == "total_tokens_per_s":
+        return summary["throughput"]["total_tokens_per_s"]
+    if m == "achieved_request_throughput":
+        return summary["throughput"]["requests_per_s"]
+    if m in ("ttft_ms", "ttft_ms_mean"):
+        return summary["ttft_ms"]["mean"]
+    if m == "itl_ms_mean":
+        return summary["itl_ms"]["mean"]
+    raise ConfigError(f"published row {row.row}: unknown metric {m!r}")
+
+
+def predict(df: pd.DataFrame, hardware_overrides: dict | None = None) -> pd.DataFrame:
+    """Simulate every row (rows sharing a setup share one run). Adds `predicted` and `rel_error`."""
+    from ..api import SimConfig
+    from ..config import load_hardware
+    from ..config.hardware import with_efficiency
+    from ..errors import ServesimError
+
+    cache: dict = {}
+    preds = []
+    for row in df.itertuples():
+        opts = setup_of(row)
+        key = tuple(sorted(opts.items()))
+        if key not in cache:
+            try:
+                hw = load_hardware(opts["hardware"])
+                if hardware_overrides and opts["hardware"] in hardware_overrides:
+                    hw = with_efficiency(hw, **hardware_overrides[opts["hardware"]])
+                cache[key] = _simulate_with(hw, SimConfig(**opts))
+            except ServesimError as e:
+                cache[key] = e
+        res = cache[key]
+        preds.append(float("nan") if isinstance(res, Exception) else metric_of(res, row))
+    out = df.copy()
+    out["predicted"] = preds
+    out["rel_error"] = out.predicted / out.value - 1.0
+    return out
+
+
+def _simulate_with(hw, cfg) -> dict:
+    from ..api import simulate
+    return simulate(cfg, hardware_profile=hw).summary
+
+
+def error_table(pred: pd.DataFrame, by=("split", "hardware", "metric")) -> pd.DataFrame:
+    p = pred.dropna(subset=["predicted"]).copy()
+    p["abs_err"] = p.rel_error.abs()
+    g = p.groupby(list(by)).abs_err
+    return pd.DataFrame({"n": g.size(), "median_rel_error": g.median(),
+                         "p90_rel_error": g.quantile(0.9)}).reset_index()
+
+
+def fit_engine(df: pd.DataFrame, hardware: str, start: dict) -> tuple[dict, pd.DataFrame]:
+    """Least-squares fit of FIT_KEYS on log(pred/measured) for one hardware profile's rows."""
+    from scipy.optimize import least_squares
+
+    rows = df[df.hardware.map(hardware_name) == hardware]
+    if len(rows) < len(FIT_KEYS) + 2:
+        raise ConfigError(f"fit for {hardware}: {len(rows)} rows cannot identify {len(FIT_KEYS)} parameters; "
+                          f"need at least {len(FIT_KEYS) + 2}")
+    # work in scaled units so the optimiser sees O(1) steps
+    scale = np.array([1e-3, 1e-5, 1.0, 1.0])
+    lo = np.array([_BOUNDS[k][0] for k in FIT_KEYS]) / scale
+    hi = np.array([_BOUNDS[k][1] for k in FIT_KEYS]) / scale
+    x0 = np.clip(np.array([start[k] for k in FIT_KEYS]) / scale, lo + 1e-9, hi - 1e-9)
+
+    def residuals(x):
+        over = {hardware: dict(zip(FIT_KEYS, (x * scale).tolist()))}
+        pr = predict(rows, over)
+        r = np.log(np.maximum(pr.predicted.to_numpy(), 1e-12) / pr.value.to_numpy())
+        return np.nan_to_num(r, nan=5.0)
+
+    sol = least_squares(residuals, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=60, x_scale="jac")
+    fitted = dict(zip(FIT_KEYS, (sol.x * scale).tolist()))
+    for k, v, a, b in zip(FIT_KEYS, sol.x, lo, hi):
+        if v <= a * (1 + 1e-3) or v >= b * (1 - 1e-3):
+            warnings.warn(f"fit for {hardware}: {k} sits at its bound ({v * scale[FIT_KEYS.index(k)]:.4g}); "
+                          f"the data do not pin it down")
+    return fitted, predict(rows, {hardware: fitted})

@@ -1,0 +1,66 @@
+"""Shared fixtures: a small, fast engine setup and a way to run kernel and reference side by side."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from servesim.config import load_hardware, load_model
+from servesim.costmodel import Layout, build_replica
+from servesim.engine.kernel import EngineOutput, simulate_nb
+from servesim.engine.run import EngineOptions, engine_config, router_draws
+from servesim.reference import reference_simulate
+
+
+@functools.lru_cache(maxsize=None)
+def _replica(tp: int, pp: int, model: str, hardware: str):
+    return build_replica(load_model(model), load_hardware(hardware), Layout(tp, pp, "bf16"), 0.9,
+                         max_tokens=512, max_seqs=16)
+
+
+@pytest.fixture(scope="session")
+def replica_cost():
+    """replica_cost(tp=1, pp=1) -> ReplicaCost of llama-3.1-8b on h100-sxm (cached)."""
+    def make(tp: int = 1, pp: int = 1, model: str = "llama-3.1-8b", hardware: str = "h100-sxm"):
+        return _replica(tp, pp, model, hardware)
+    return make
+
+
+@pytest.fixture(scope="session")
+def small_engine():
+    """small_engine(rc, num_blocks=48, watermark_blocks=1, **EngineOptions) -> EngineConfig with a
+    deliberately small KV cache, so that preemption happens on small workloads."""
+    def make(rc, num_blocks: int = 48, watermark_blocks: int = 1, **opts):
+        base = dict(max_num_seqs=16, max_num_batched_tokens=512, chunk_size=256, block_size=16)
+        cfg = engine_config(EngineOptions(**(base | opts)), rc)
+        return cfg._replace(num_blocks=num_blocks, watermark_blocks=watermark_blocks)
+    return make
+
+
+@pytest.fixture(scope="session")
+def small_workload():
+    """small_workload(n, seed, rate, max_prompt, max_output) -> (arrival, prompt, output) arrays."""
+    def make(n: int = 120, seed: int = 0, rate: float = 40.0, max_prompt: int = 600, max_output: int = 60):
+        rng = np.random.default_rng(seed)
+        arrival = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0 / rate, n - 1))))
+        prompt = rng.integers(1, max_prompt + 1, n).astype(np.int64)
+        output = rng.integers(1, max_output + 1, n).astype(np.int64)
+        return arrival, prompt, output
+    return make
+
+
+@pytest.fixture(scope="session")
+def run_both():
+    """run_both(rc, cfg, arrival, prompt, output, seed=0) -> (EngineOutput, reference dict)."""
+    def run(rc, cfg, arrival, prompt, output, seed: int = 0):
+        arrival = np.ascontiguousarray(arrival, np.float64)
+        if cfg.concurrency > 0:
+            arrival = np.zeros_like(arrival)
+        prompt = np.ascontiguousarray(prompt, np.int64)
+        output = np.ascontiguousarray(output, np.int64)
+        u1, u2 = router_draws(prompt.shape[0], seed)
+        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2))
+        ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2)
+        return out, ref
+    return run
