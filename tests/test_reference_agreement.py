@@ -60,7 +60,9 @@ def test_preemption(policy, preemption, replica_cost, small_engine, small_worklo
 @pytest.mark.parametrize("policy", POLICIES)
 def test_layouts(policy, tp, pp, replica_cost, small_engine, small_workload, run_both):
     rc = replica_cost(tp, pp)
-    cfg = small_engine(rc, scheduler=policy, router="least-requests", replicas=2)
+    # a tight token budget, so partial prefills and decodes compete for it across micro-batches
+    cfg = small_engine(rc, scheduler=policy, router="least-requests", replicas=2,
+                       max_num_batched_tokens=192, chunk_size=96)
     assert cfg.pp == pp
     arrival, prompt, output = small_workload(n=100, seed=3, rate=150.0)
     out, ref = run_both(rc, cfg, arrival, prompt, output)

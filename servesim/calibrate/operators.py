@@ -164,13 +164,16 @@ def read_vidur_mlp(path, gpu: str | None = None, model: str | None = None) -> pd
 
 def elementwise_frame(mlp: pd.DataFrame) -> pd.DataFrame:
     """The elementwise work of one layer per measurement: pre-attention norm + pre-MLP norm + rope +
-    activation + 2 residual adds (``post_attention_layernorm`` where present, else the input norm twice).
+    activation + 2 residual adds (``post_attention_layernorm`` where measured, else the input norm twice).
 
     Returns one row per (gpu, model, row) with ``op = op_class = "elementwise"`` and ``time_s`` the sum.
     """
     keys = ["gpu", "model", "row"]
     wide = mlp.pivot_table(index=keys, columns="op", values="time_s", aggfunc="first")
-    second_norm = wide["post_attention_layernorm"] if "post_attention_layernorm" in wide else wide["input_layernorm"]
+    # Files without the column (phi-2: one norm per parallel block) -> NaN after a concat -> input norm.
+    second_norm = wide["input_layernorm"]
+    if "post_attention_layernorm" in wide:
+        second_norm = wide["post_attention_layernorm"].fillna(second_norm)
     total = wide["input_layernorm"] + second_norm + wide["attn_rope"] + wide["mlp_act"] + 2.0 * wide["add"]
     shape_cols = ["num_tokens", "tp", "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]
     shapes = mlp.drop_duplicates(keys).set_index(keys)[shape_cols]

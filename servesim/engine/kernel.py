@@ -419,6 +419,12 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                                         break
                             if v < 0:
                                 break
+                            if v == i and n_inflight[r] > 0:
+                                # only the requester is left while a micro-batch is in flight:
+                                # wait for it rather than preempt itself (that livelocks with
+                                # PP > 1), and admit nothing in this step
+                                preempted_now = True
+                                break
                             free_blocks[r] += blocks[v]
                             if cfg.preemption == C.SWAP:
                                 swap_s += p.swap_alpha + computed[v] * cfg.kv_bytes_per_token / p.swap_bw

@@ -28,11 +28,14 @@ Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in
   orca,        budget is its chunk size); a prefill longer than the budget is chunked (orca skips
   vllm-v0      it instead). If a request's next KV blocks do not fit, the youngest running request
                that is neither in flight nor already in this batch is preempted (possibly the
-               request itself), until they fit.
-            2) unless something was preempted in this step, admit waiting requests FCFS while the
-               blocks they need leave at least `watermark` blocks free; vllm/sarathi chunk the head
-               to the remaining budget, orca/vllm-v0 take whole prompts only (an empty batch
-               takes a prompt longer than the budget whole).
+               request itself), until they fit -- except that a request never preempts itself
+               while a micro-batch of its replica is in flight: it waits for that micro-batch
+               (whose requests become preemptable), since giving up its own blocks to requests
+               in flight can livelock a pipeline (PP > 1) forever.
+            2) unless something was preempted (or had to wait) in this step, admit waiting
+               requests FCFS while the blocks they need leave at least `watermark` blocks free;
+               vllm/sarathi chunk the head to the remaining budget, orca/vllm-v0 take whole
+               prompts only (an empty batch takes a prompt longer than the budget whole).
             vllm-v0 is prefill-prioritised: if the head of the queue can be admitted, the step
             admits only (no running requests); otherwise it is a decode-only step (1 without 2).
 Preemption. recompute: the victim drops its KV cache and its computed tokens and goes to the front
@@ -367,6 +370,9 @@ class ReferenceSimulator:
                                    if not q.in_flight and not step.contains(q)), None)
                     if victim is None:
                         break
+                    if victim is req and rep.in_flight > 0:
+                        step.stalled = True     # wait for the micro-batch in flight instead
+                        break
                     self.preempt(rep, victim, step)
                     if victim is req:
                         break
@@ -375,7 +381,7 @@ class ReferenceSimulator:
                 rep.kv.take(need)
                 req.blocks += need
                 step.add(req, chunk)
-        if decode_only or step.preempted:
+        if decode_only or step.preempted or step.stalled:
             return
         while rep.waiting and len(rep.running) < B and len(step.members) < B and step.budget > 0:
             head = rep.waiting[0]
@@ -387,7 +393,7 @@ class ReferenceSimulator:
                 else:
                     chunk = step.budget
             need = self.blocks_needed(head, chunk)
-            if rep.kv.free - need < 0:
+            if rep.kv.free - need < cfg.watermark_blocks:
                 break
             rep.waiting.popleft()
             if head.status == C.SWAPPED:
@@ -480,6 +486,7 @@ class Step:
     members: list = field(default_factory=list)
     swap_s: float = 0.0
     preempted: bool = False
+    stalled: bool = False      # a running request waits for blocks held by a micro-batch in flight
 
     def add(self, req: Request, chunk: int):
         self.members.append((req, chunk))
