@@ -9,7 +9,8 @@ def _f(v, fmt="{:.1f}"):
 def summary_table(s: dict) -> str:
     c = s["config"]
     lines = [
-        f"servesim  {c['model']} on {c['replicas']} x {c['hardware']} (TP={c['tp']} PP={c['pp']}, {c['dtype']}), "
+        f"servesim  {c['model']} ({c['dtype']}) on {c['num_gpus']} x {c['hardware']}: {c['replicas']} replica(s) "
+        f"of TP={c['tp']} PP={c['pp']}, "
         f"engine {c['engine']}/{c['scheduler']}, workload {c['workload']}",
         f"load      " + ("offline (all at t=0)" if c["offline"] else
                          f"closed loop, {c['concurrency']} clients" if c["concurrency"] else
