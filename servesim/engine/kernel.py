@@ -123,6 +123,17 @@ def _route(cfg, i, rr_counter, u1, u2, n_req, free_blocks):
 
 
 @njit(cache=True)
+def _drop_running(run, n_run, r, i):
+    """Remove request i from replica r's running list, keeping admission order."""
+    k = 0
+    for j in range(n_run[r]):
+        if run[r, j] != i:
+            run[r, k] = run[r, j]
+            k += 1
+    n_run[r] = k
+
+
+@njit(cache=True)
 def _push_back(q_next, q_head, q_tail, r, i):
     q_next[i] = -1
     if q_tail[r] < 0:
@@ -283,13 +294,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                             static_pad_kv[r] += computed[i]
                         free_blocks[r] += blocks[i]
                         blocks[i] = 0
-                        # drop from the running list, keeping order
-                        k = 0
-                        for j2 in range(n_run[r]):
-                            if run[r, j2] != i:
-                                run[r, k] = run[r, j2]
-                                k += 1
-                        n_run[r] = k
+                        _drop_running(run, n_run, r, i)
                         if closed and known < n:
                             arrival[known] = now
                             known += 1
@@ -436,12 +441,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                             preempt[v] += 1
                             stats[STAT_PREEMPTIONS] += 1
                             preempted_now = True
-                            k = 0
-                            for j2 in range(n_run[r]):
-                                if run[r, j2] != v:
-                                    run[r, k] = run[r, j2]
-                                    k += 1
-                            n_run[r] = k
+                            _drop_running(run, n_run, r, v)
                             _push_front(q_next, q_head, q_tail, r, v)
                             n_waiting[r] += 1
                             if v == i:

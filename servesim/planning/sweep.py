@@ -1,0 +1,118 @@
+"""`servesim sweep`: every (grid point x rate) a full simulation; a tidy table, one row per point."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ..errors import ConfigError
+from .backends import Backend
+from .evaluate import LEAD, point_row
+from .grid import expand
+from .maxrate import max_rate_task
+
+KNEE_FACTOR = 2.0
+
+
+@dataclass
+class SweepResult:
+    table: pd.DataFrame
+    grid_keys: list
+    errors: list = field(default_factory=list)   # (point, message) of user errors, in point order
+    mode: str = "sweep"                           # or "max-rate"
+
+    @property
+    def first_error(self) -> str | None:
+        return self.errors[0][1] if self.errors else None
+
+
+def validate_base(base, grid) -> None:
+    """Fail fast, before anything runs, on inputs every point shares (SLO, model, workload)."""
+    from ..config import load_model
+    from ..metrics import parse_slo
+    from ..workload import load_workload
+    parse_slo(base.slo)
+    values = dict(grid)
+    for m in values.get("model", [base.model]):
+        load_model(m)
+    for w in values.get("workload", [base.workload]):
+        load_workload(w)
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    cols = [c for c in LEAD if c in df.columns] + [c for c in df.columns if c not in LEAD]
+    return df[cols].sort_values("point", kind="stable").reset_index(drop=True)
+
+
+def _collect(rows, grid_keys, mode) -> SweepResult:
+    df = _table(rows)
+    errors = [(int(r.point), r.error) for r in df.itertuples() if r.status == "error"]
+    res = SweepResult(df, grid_keys, errors, mode)
+    if not errors and len(df) and (df.status == "infeasible").all():
+        res.errors.append((0, "no feasible configuration in the grid: " + df.error.iloc[0]))
+    return res
+
+
+def run_sweep(base, grid, rates, backend: Backend | None = None, progress=None) -> SweepResult:
+    """Simulate every point; user errors at a point are recorded (status 'error'), not raised."""
+    validate_base(base, grid)
+    points = expand(base, grid, rates)
+    backend = backend or Backend()
+    rows = backend.map(point_row, list(enumerate(points)), progress)
+    res = _collect(rows, [k for k, _ in grid], "sweep")
+    if rates is not None and len(res.table):
+        res.table["knee"] = knee_flags(res.table, res.grid_keys)
+    return res
+
+
+def run_max_rate(base, grid, backend: Backend | None = None, tol: float = 0.05, margin: float = 0.0,
+                 progress=None) -> SweepResult:
+    """Per grid point, the highest sustainable rate meeting the SLOs (`maxrate.find_max_rate`)."""
+    if not base.slo:
+        raise ConfigError("--find-max-rate needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
+    if base.offline or base.concurrency > 0:
+        raise ConfigError("--find-max-rate searches the open-loop --rate; drop --offline / --concurrency")
+    if not 0 < tol < 1:
+        raise ConfigError(f"--tolerance must be in (0, 1), got {tol}")
+    validate_base(base, grid)
+    points = expand(base, grid, None)
+    backend = backend or Backend()
+    rows = backend.map(max_rate_task, [(i, p, tol, margin) for i, p in enumerate(points)], progress)
+    return _collect(rows, [k for k, _ in grid], "max-rate")
+
+
+def knee_flags(df: pd.DataFrame, grid_keys) -> pd.Series:
+    """Per grid combination, True at the knee: the highest rate whose TTFT p99 is still within
+    KNEE_FACTOR x its value at the lowest rate swept and that is not saturated (the end of the flat
+    region of the latency-load curve)."""
+    flags = pd.Series(False, index=df.index)
+    if "ttft_ms_p99" not in df.columns:
+        return flags
+    ok = df[df.status == "ok"]
+    groups = ok.groupby(grid_keys, sort=False, dropna=False) if grid_keys else [((), ok)]
+    for _, g in groups:
+        g = g.sort_values("rate")
+        if g.empty:
+            continue
+        base = g.ttft_ms_p99.iloc[0]
+        flat = g[(g.ttft_ms_p99 <= KNEE_FACTOR * base) & (~g.saturated.astype(bool))]
+        if len(flat):
+            flags.loc[flat.index[-1]] = True
+    return flags
+
+
+def write_table(df: pd.DataFrame, outdir, stem: str = "sweep") -> list:
+    from pathlib import Path
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    paths = [outdir / f"{stem}.csv"]
+    df.to_csv(paths[0], index=False)
+    try:
+        import pyarrow  # noqa: F401
+        p = outdir / f"{stem}.parquet"
+        df.to_parquet(p, index=False)
+        paths.append(p)
+    except ImportError:
+        pass
+    return paths
