@@ -9,7 +9,6 @@ the first-call (compiling) time and a cached start of `servesim simulate` with 1
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -63,7 +62,7 @@ def main():
         res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0)
         walls.append(time.perf_counter() - t0)
     s = res.summary
-    wall, t_kernel = walls[0], min(walls)
+    t_kernel = min(walls)
     cli = cached_cli_seconds(10_000)
     print(f"workload chat ({load_workload('chat').description[:40]}...), capacity {capacity:.1f} req/s, "
           f"rate {rate:.1f} req/s ({args.load:.0%})")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -13,7 +13,7 @@ from .costmodel import Layout, build_replica
 from .engine.presets import get_preset
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
-from .metrics import parse_duration, parse_slo, requests_frame, summarize
+from .metrics import parse_slo, requests_frame, summarize
 from .workload import build_requests, load_workload
 
 
@@ -153,7 +153,3 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, **option
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
     return Result(config, summary, df, iters, out.gap_hist)
-
-
-def parse_duration_option(text: str | None, option: str) -> float | None:
-    return None if text in (None, "") else parse_duration(text, option)

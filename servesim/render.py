@@ -12,7 +12,7 @@ def summary_table(s: dict) -> str:
         f"servesim  {c['model']} ({c['dtype']}) on {c['num_gpus']} x {c['hardware']}: {c['replicas']} replica(s) "
         f"of TP={c['tp']} PP={c['pp']}, "
         f"engine {c['engine']}/{c['scheduler']}, workload {c['workload']}",
-        f"load      " + ("offline (all at t=0)" if c["offline"] else
+        "load      " + ("offline (all at t=0)" if c["offline"] else
                          f"closed loop, {c['concurrency']} clients" if c["concurrency"] else
                          f"{c['arrival']} arrivals at {c['rate']:.3g} req/s")
         + f", {s['num_requests']} requests, seed {c['seed']}",

@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesim.config._toml import Table, display_path, read_toml
+from servesim.config._toml import Table, read_toml
 from servesim.errors import ConfigError
 from servesim.paths import hardware_dir
 
