@@ -164,17 +164,27 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     time_share = {k: (s[i] / busy_total if busy_total > 0 else 0.0) for k, i in
                   (("gemm", K.STAT_GEMM), ("attention", K.STAT_ATTN), ("elementwise", K.STAT_ELEM),
                    ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
-    # saturation: completions in the arrival window do not keep up with arrivals
-    arrivals_in = measured.arrival_s
-    last_arr = float(arrivals_in.max()) if len(measured) else 0.0
-    n_arr = len(measured)
-    n_done_by_last = int((done.finish_s <= last_arr).sum())
-    in_system_end = n_arr - n_done_by_last
-    ended_early = bool((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).any())
-    open_loop = offered_rate is not None and last_arr > t0
+    # saturation: over the second half of the arrival window, completions fall behind arrivals.
+    # In a stable system departures in a window match arrivals in it (up to the change in the
+    # number in system, small against the window); above capacity they stay at the service rate.
+    arrivals_in = np.sort(measured.arrival_s.to_numpy())
+    n_arr = arrivals_in.size
+    last_arr = float(arrivals_in[-1]) if n_arr else 0.0
+    t_mid = float(arrivals_in[n_arr // 2]) if n_arr else 0.0
+    finishes = done.finish_s.to_numpy()
+    arr_w = int(n_arr - n_arr // 2)
+    dep_w = int(((finishes > t_mid) & (finishes <= last_arr)).sum())
+    in_system_end = n_arr - int((finishes <= last_arr).sum())
     growth = in_system_end / n_arr if n_arr else 0.0
-    saturated = ended_early or (open_loop and n_arr >= 50 and growth > 0.1 and
-                                thr["requests_per_s"] < 0.95 * n_arr / max(last_arr - t0, 1e-12))
+    ended_early = bool((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).any())
+    open_loop = offered_rate is not None and last_arr > t_mid
+    # and the queueing delay of the later arrivals grows with their arrival time: above capacity
+    # it grows at lambda/mu - 1 seconds per second; a slope over 0.05 means lambda > 1.05 mu
+    late = done[done.arrival_s > t_mid]
+    slope = 0.0
+    if open_loop and len(late) >= 50 and np.ptp(late.arrival_s.to_numpy()) > 0:
+        slope = float(np.polyfit(late.arrival_s.to_numpy(), late.queue_s.to_numpy(), 1)[0])
+    saturated = ended_early or (open_loop and arr_w >= 50 and (dep_w < 0.9 * arr_w or slope > 0.05))
     metrics = {
         "ttft_ms": describe(done.ttft_s.to_numpy()),
         "tpot_ms": describe(done.tpot_s.to_numpy()),
@@ -189,7 +199,9 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "num_completed": int((df.status == "done").sum()),
         "num_rejected": int((df.status == "rejected").sum()),
         "saturated": bool(saturated),
-        "queue_growth": {"in_system_at_last_arrival": int(in_system_end), "fraction_of_arrivals": growth},
+        "queue_growth": {"in_system_at_last_arrival": int(in_system_end), "fraction_of_arrivals": growth,
+                         "late_window_departures_per_arrival": dep_w / arr_w if arr_w else None,
+                         "queue_delay_slope": slope},
         "duration_s": end,
         **metrics,
         "throughput": thr,
