@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 from servesim.calibrate.operators import (COLLECTIVE_PARAMS, GEMM_OPS, GEMM_PARAMS,  # noqa: E402
                                           VIDUR_NETWORK_BYTES_PER_SIZE,
                                           ELEMENTWISE_OPS, OPTIONAL_OPS, SHAPE_COLUMNS,
-                                          elementwise_frame, error_summary, fit_collectives, fit_gemm,
+                                          elementwise_frame, error_summary, fit_collectives, fit_elementwise,
+                                          fit_gemm,
                                           predict_collectives, predict_elementwise, predict_gemm,
                                           profile_params, read_vidur_mlp, read_vidur_network)
 from servesim.calibrate import vidur_dir  # noqa: E402
@@ -44,7 +45,8 @@ REPORT = REPO / "experiments" / "results" / "costmodel_validation.md"
 CLASS_ORDER = ["gemm_qkv", "gemm_attn_out", "gemm_mlp_up", "gemm_mlp_down", "elementwise", "all_reduce",
                "send_recv"]
 DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_fraction": 3,
-            "scaleup_bw_fraction": 3, "scaleup_latency_us": 2}
+            "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
+            "elementwise_hbm_fraction": 3}
 
 
 # -- data copy ----------------------------------------------------------------------------------
@@ -162,11 +164,13 @@ def run_gpu(profile_name: str, gpu: str) -> dict:
     gemm_params, msgs = _fit_quietly(fit_gemm, gemm[gemm["split"] == "fitted"], hw)
     gemm_params = _rounded(gemm_params)
     net, intra, coll_params, cmsgs = fit_collectives_on(gpu, hw, VIDUR_NETWORK_BYTES_PER_SIZE)
-    params = {**gemm_params, **coll_params}
-
-    gemm["pred_s"] = predict_gemm(gemm, hw, params)
     elem = elementwise_frame(mlp)
     elem["split"] = np.where(elem["model"].str.startswith(FIT_ORG + "/"), "fitted", "held-out")
+    elem_params, emsgs = _fit_quietly(fit_elementwise, elem[elem["split"] == "fitted"], hw, gemm_params)
+    msgs += emsgs
+    params = {**gemm_params, **coll_params, **_rounded(elem_params)}
+
+    gemm["pred_s"] = predict_gemm(gemm, hw, params)
     elem["pred_s"] = predict_elementwise(elem, hw, params)
     intra["pred_s"] = predict_collectives(intra, hw, params)
 
@@ -174,8 +178,15 @@ def run_gpu(profile_name: str, gpu: str) -> dict:
     _, intra2, coll2, cmsgs2 = fit_collectives_on(gpu, hw, 2.0)
     intra2["pred_s"] = predict_collectives(intra2, hw, {**params, **coll2})
 
+    # Same node, unseen group size: refit on the 2- and 8-GPU DGX all-reduces, predict the 4-GPU ones.
+    dgx = intra[(intra["system"] == f"{gpu}_dgx") & (intra["collective"] == "all_reduce")]
+    p4, _ = _fit_quietly(fit_collectives, dgx[dgx["num_workers"] != 4], hw)
+    held4 = dgx[dgx["num_workers"] == 4].copy()
+    held4["pred_s"] = predict_collectives(held4, hw, {**params, **_rounded(p4)})
+    held4["split"] = "held-out (DGX, 4 GPUs)"
+
     cols = ["op_class", "split", "time_s", "pred_s"]
-    allrows = pd.concat([gemm[cols], elem[cols], intra[cols]], ignore_index=True)
+    allrows = pd.concat([gemm[cols], elem[cols], intra[cols], held4[cols]], ignore_index=True)
     allrows.insert(0, "gpu", profile_name)
     summary = error_summary(allrows, ["gpu", "op_class", "split"])
     summary["order"] = summary["op_class"].map(CLASS_ORDER.index) * 2 + (summary["split"] != "fitted")
@@ -284,12 +295,16 @@ def build_report(results: list[dict]) -> str:
            "[1, 4096], latency in [0, 50] us.",
            "- Elementwise (2 RMSNorms + rope + activation + 2 residual adds; Vidur's `input_layernorm` and "
            "`post_attention_layernorm` columns are the two norms): the cost model's "
-           "`tokens * 2 * (10 h + 3 f / TP)` bytes at `hbm_bw * hbm_fraction` + 4 kernel latencies, with the "
-           "GEMM-fitted values; nothing fitted. The split is the model split of the GEMMs.",
+           "`tokens * 2 * (10 h + 3 f / TP)` bytes at `hbm_bw * elementwise_hbm_fraction` + 4 kernel latencies "
+           "(the GEMM-fitted latency); `elementwise_hbm_fraction` fitted on the Llama family, the other models "
+           "held out, as for the GEMMs.",
            "- all-reduce: `allreduce_time_nb(algorithm = auto)` over `scaleup_bw * scaleup_bw_fraction`, "
-           "alpha = `scaleup_latency`; fitted on the intra-node rows of `<gpu>_dgx/all_reduce.csv`; held out: "
-           "`<gpu>_pairwise_nvlink/all_reduce.csv`. send-recv: `p2p_time_nb` with the same link parameters, all "
-           "held out.", ""]
+           "alpha = `scaleup_latency` per step, plus `collective_base_latency` once per call (NCCL's tuning "
+           "model: a base latency per algorithm plus a per-hop latency, nccl src/graph/tuning.cc); fitted on the "
+           "intra-node rows of `<gpu>_dgx/all_reduce.csv`. Held out: (a) the same node at a group size not "
+           "fitted (refit on 2 and 8 GPUs, predict 4), (b) `<gpu>_pairwise_nvlink/all_reduce.csv`, a different "
+           "topology from the NVSwitch profile. send-recv: `p2p_time_nb` with the per-step latency and "
+           "bandwidth, no base latency, all held out.", ""]
     filt = ["## Filters", ""]
     for r in results:
         g = r["gemm"]
@@ -333,7 +348,8 @@ def build_report(results: list[dict]) -> str:
         s = error_summary(r["intra"], ["system", "collective", "num_workers"])
         out += [f"{r['profile']}:", "", md_table(pct_table(s)), ""]
     out += ["Elementwise ops: achieved fraction of datasheet HBM bandwidth at num_tokens >= 2048 (bytes a fused "
-            "kernel must move), vs the GEMM-fitted `hbm_fraction` the cost model uses for them:", ""]
+            "kernel must move), vs the GEMM `hbm_fraction` (the fitted `elementwise_hbm_fraction` is in the "
+            "parameter table):", ""]
     for r in results:
         bw = elementwise_bandwidth(r["mlp"], r["hw"])
         out += [f"{r['profile']} (hbm_fraction = {r['params']['hbm_fraction']:.3f}):", "", md_table(bw), ""]
@@ -442,9 +458,9 @@ def notes(results: list[dict]) -> list[str]:
     lines.append(
         "- Elementwise: Vidur measures norms, rope and activation as separate kernels that run well below the "
         "bandwidth the GEMMs stream at (only the residual add reaches it; table above), and there are 6 of "
-        "them per layer where the cost model counts 4. The cost model's single formula with "
-        "the GEMM `hbm_fraction` is therefore off by (median signed) " + "; ".join(parts) + ". Missing: an "
-        "elementwise bandwidth fraction (or a fused/unfused kernel count) of its own; not fitted here, as asked.")
+        "them per layer where the cost model counts 4 (serving engines fuse them). With its own fitted "
+        "bandwidth fraction the formula is off by (median signed) " + "; ".join(parts) + ": the remaining "
+        "error is the kernel count at small token counts, where launch latency dominates.")
     # all-reduce
     lat = []
     topo = []

@@ -148,18 +148,19 @@ def test_fit_gemm_warns_at_bound(a100):
 
 
 def test_fit_collectives_recovers_known_parameters(a100):
-    bw, alpha = a100.scaleup_bw * 0.8, 6e-6
+    bw, alpha, base = a100.scaleup_bw * 0.8, 6e-6, 20e-6
     rows = []
     for n in (2, 4, 8):
         for s in np.geomspace(2e3, 6.7e7, 30):
             rows.append({"collective": "all_reduce", "nbytes": s, "num_workers": n,
-                         "time_s": allreduce_time_nb(s, n, bw, alpha, AUTO)})
+                         "time_s": base + allreduce_time_nb(s, n, bw, alpha, AUTO)})
     for s in np.geomspace(2e3, 6.7e7, 10):
         rows.append({"collective": "send_recv", "nbytes": s, "num_workers": 2, "time_s": p2p_time_nb(s, bw, alpha)})
     frame = pd.DataFrame(rows)
     fit = fit_collectives(frame, a100)
     assert fit["scaleup_bw_fraction"] == pytest.approx(0.8, rel=0.02)
     assert fit["scaleup_latency_us"] == pytest.approx(6.0, rel=0.03)
+    assert fit["collective_base_latency_us"] == pytest.approx(20.0, rel=0.03)
     assert np.max(np.abs(relative_errors(predict_collectives(frame, a100, fit), frame["time_s"]))) < 0.01
 
 

@@ -146,7 +146,8 @@ def test_efficiency_fields_are_si_names():
                      "attn_prefill_max", "attn_decode_hbm_fraction", "scaleup_bw_fraction",
                      "scaleup_latency_s", "scaleout_bw_fraction", "scaleout_latency_s",
                      "pcie_bw_fraction", "pcie_latency_s", "iteration_overhead_s",
-                     "per_seq_overhead_s", "fit_source"]
+                     "per_seq_overhead_s", "elementwise_hbm_fraction", "collective_base_latency_s",
+                     "fit_source"]
 
 
 # -- malformed files ---------------------------------------------------------------------------

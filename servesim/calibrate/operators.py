@@ -48,7 +48,8 @@ NETWORK_COLUMNS = ("collective", "num_workers", "size", "devices_per_node")
 COLLECTIVES = ("all_reduce", "send_recv")
 
 GEMM_PARAMS = ("gemm_max", "gemm_half_tokens", "kernel_latency_us", "hbm_fraction")
-COLLECTIVE_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us")
+COLLECTIVE_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
+ELEMENTWISE_PARAMS = ("elementwise_hbm_fraction",)
 # Physical bounds of the fitted parameters: fractions of a datasheet figure, a token count, microseconds.
 BOUNDS = {
     "gemm_max": (0.05, 1.0),
@@ -57,6 +58,8 @@ BOUNDS = {
     "hbm_fraction": (0.05, 1.0),
     "scaleup_bw_fraction": (0.05, 1.0),
     "scaleup_latency_us": (0.0, 50.0),
+    "collective_base_latency_us": (0.0, 100.0),
+    "elementwise_hbm_fraction": (0.05, 1.0),
 }
 FP16_BYTES = 2.0
 # Bytes per unit of the Vidur network CSVs' ``size`` column. The shared README calls it "elements of
@@ -254,7 +257,9 @@ def profile_params(profile) -> dict:
     e = profile.efficiency
     return {"gemm_max": e.gemm_max, "gemm_half_tokens": e.gemm_half_tokens,
             "kernel_latency_us": e.kernel_latency_s * 1e6, "hbm_fraction": e.hbm_fraction,
-            "scaleup_bw_fraction": e.scaleup_bw_fraction, "scaleup_latency_us": e.scaleup_latency_s * 1e6}
+            "scaleup_bw_fraction": e.scaleup_bw_fraction, "scaleup_latency_us": e.scaleup_latency_s * 1e6,
+            "collective_base_latency_us": e.collective_base_latency_s * 1e6,
+            "elementwise_hbm_fraction": e.elementwise_hbm_fraction}
 
 
 def _params(profile, params) -> dict:
@@ -297,9 +302,9 @@ ELEMENTWISE_KERNELS = 4.0  # the cost model's elementwise kernel count per layer
 
 
 def predict_elementwise(frame: pd.DataFrame, profile, params: dict | None = None) -> np.ndarray:
-    """Cost-model elementwise time (s) per layer: bytes at hbm_bw * hbm_fraction + 4 kernel latencies."""
+    """Cost-model elementwise time (s) per layer: bytes at hbm_bw * elementwise_hbm_fraction + 4 kernel latencies."""
     p = _params(profile, params)
-    return _memory_times_nb(elementwise_bytes(frame), profile.hbm_bw, p["hbm_fraction"],
+    return _memory_times_nb(elementwise_bytes(frame), profile.hbm_bw, p["elementwise_hbm_fraction"],
                             ELEMENTWISE_KERNELS * p["kernel_latency_us"] * 1e-6)
 
 
@@ -309,10 +314,11 @@ def predict_collectives(frame: pd.DataFrame, profile, params: dict | None = None
     scale-up link: bw = scaleup_bw * scaleup_bw_fraction, alpha = scaleup_latency."""
     _need(frame, ("collective", "nbytes", "num_workers"), "predict_collectives")
     p = _params(profile, params)
-    return _collective_times_nb((frame["collective"] == "all_reduce").to_numpy(),
+    is_ar = (frame["collective"] == "all_reduce").to_numpy()
+    return _collective_times_nb(is_ar,
                                 frame["nbytes"].to_numpy(np.float64), frame["num_workers"].to_numpy(np.float64),
                                 profile.scaleup_bw * p["scaleup_bw_fraction"], p["scaleup_latency_us"] * 1e-6,
-                                int(algorithm))
+                                int(algorithm)) + is_ar * p["collective_base_latency_us"] * 1e-6
 
 
 # -- fitting ------------------------------------------------------------------------------------
@@ -382,12 +388,29 @@ def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict
     link = profile.scaleup_bw
 
     def residual(x):
-        t = _collective_times_nb(is_ar, nbytes, workers, link * x[0], x[1] * 1e-6, int(algorithm))
+        t = _collective_times_nb(is_ar, nbytes, workers, link * x[0], x[1] * 1e-6, int(algorithm)) + is_ar * x[2] * 1e-6
         return np.log(t) - log_meas
 
     start = profile_params(profile)
-    x0s = [[start[p] for p in COLLECTIVE_PARAMS], [0.5, 5.0], [0.9, 20.0]]
+    x0s = [[start[p] for p in COLLECTIVE_PARAMS], [0.5, 5.0, 10.0], [0.9, 1.0, 20.0]]
     return _fit(COLLECTIVE_PARAMS, residual, x0s, len(sub), f"fit_collectives({profile.name})")
+
+
+def fit_elementwise(frame: pd.DataFrame, profile, params: dict) -> dict:
+    """Fit elementwise_hbm_fraction to the summed elementwise rows of ``frame`` (``elementwise_frame``),
+    with the kernel latency from ``params`` (the GEMM fit). Dict in file units."""
+    _need(frame, ("time_s", "num_tokens", "n_embd", "n_expanded_embd", "tp"), "fit_elementwise")
+    sub = _usable(frame, np.ones(len(frame), dtype=bool))
+    log_meas = np.log(sub["time_s"].to_numpy(np.float64))
+    nbytes = elementwise_bytes(sub)
+    latency = ELEMENTWISE_KERNELS * params["kernel_latency_us"] * 1e-6
+
+    def residual(x):
+        return np.log(_memory_times_nb(nbytes, profile.hbm_bw, x[0], latency)) - log_meas
+
+    start = profile_params(profile)
+    x0s = [[start["elementwise_hbm_fraction"]], [0.3], [0.8]]
+    return _fit(ELEMENTWISE_PARAMS, residual, x0s, len(sub), f"fit_elementwise({profile.name})")
 
 
 # -- errors -------------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ _EFFICIENCY_KEYS = (
     ("pcie_latency_us", "pcie_latency_s", "nonneg"),
     ("iteration_overhead_us", "iteration_overhead_s", "nonneg"),
     ("per_seq_overhead_us", "per_seq_overhead_s", "nonneg"),
+    ("elementwise_hbm_fraction", "elementwise_hbm_fraction", "fraction"),
+    ("collective_base_latency_us", "collective_base_latency_s", "nonneg"),
 )
 _FRACTION_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "fraction")
 _POSITIVE_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "positive")
@@ -82,6 +84,8 @@ class Efficiency:
     pcie_latency_s: float
     iteration_overhead_s: float
     per_seq_overhead_s: float
+    elementwise_hbm_fraction: float   # norms, rope, activation, residuals
+    collective_base_latency_s: float  # once per collective (NCCL tuning model: base + per-hop latency)
     fit_source: str
 
 

@@ -47,6 +47,8 @@ class CostParams(NamedTuple):
     attn_flops_kv_decode: float  # decode FLOPs per cached token per layer per GPU
     elem_bytes_tok_layer: float  # norms, residuals, rope, activation
     elem_kernels: float          # elementwise kernels per layer
+    elem_frac: float             # achieved HBM fraction of elementwise kernels
+    coll_base: float             # base latency per collective call (not point-to-point sends)
     experts: float
     top_k: float
     router_n: float
@@ -171,7 +173,8 @@ def lower(model, hw, layout: Layout) -> CostParams:
         kv_bytes_tok_layer=kv_bytes_per_token_layer(model, tp, kv_dtype),
         q_bytes_tok_layer=2.0 * 2.0 * q_width,
         attn_flops_pair=flops_pair, attn_flops_kv_decode=flops_kv_decode,
-        elem_bytes_tok_layer=elem_bytes, elem_kernels=4.0,
+        elem_bytes_tok_layer=elem_bytes, elem_kernels=4.0, elem_frac=eff.elementwise_hbm_fraction,
+        coll_base=eff.collective_base_latency_s,
         experts=experts, top_k=top_k, router_n=router_n, vocab_gpu=model.vocab_size / tp,
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
         pp_bw=pp_link[1], pp_alpha=pp_link[2],
