@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .cli_options import simulate_options as _simulate_options
 from .errors import ServesimError
 
 
@@ -189,49 +190,6 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
 
 
 # ---------------------------------------------------------------- simulate
-def _simulate_options(f):
-    opts = [
-        click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name, or a .toml / HF config.json path."),
-        click.option("--hardware", default="h100-sxm", show_default=True),
-        click.option("--tp", default=1, show_default=True, type=int),
-        click.option("--pp", default=1, show_default=True, type=int),
-        click.option("--replicas", default=1, show_default=True, type=int),
-        click.option("--router", default="round-robin", show_default=True,
-                     type=click.Choice(["round-robin", "random", "least-requests", "least-kv", "power-of-two"])),
-        click.option("--dtype", default="bf16", show_default=True),
-        click.option("--kv-dtype", default="auto", show_default=True),
-        click.option("--engine", default="vllm", show_default=True, type=click.Choice(["vllm", "trtllm", "sglang"])),
-        click.option("--scheduler", default=None, type=click.Choice(["vllm", "vllm-v0", "sarathi", "orca", "static"]),
-                     help="Default: the engine preset's."),
-        click.option("--max-num-seqs", default=None, type=int),
-        click.option("--max-num-batched-tokens", default=None, type=int),
-        click.option("--chunk-size", default=None, type=int, help="sarathi chunk size."),
-        click.option("--block-size", default=None, type=int),
-        click.option("--gpu-memory-utilization", default=None, type=float),
-        click.option("--preemption", default=None, type=click.Choice(["recompute", "swap"])),
-        click.option("--iteration-overhead-us", default=None, type=float),
-        click.option("--workload", default="chat", show_default=True, help="chat, code, summarization, long-context, or a .toml / trace .csv."),
-        click.option("--isl", default=None, type=int, help="Fixed input length (overrides the workload)."),
-        click.option("--osl", default=None, type=int, help="Fixed output length (overrides the workload)."),
-        click.option("--rate", default=None, type=float, help="Requests/s (default: the workload's, times replicas)."),
-        click.option("--arrival", default="poisson", show_default=True,
-                     type=click.Choice(["poisson", "gamma", "deterministic", "bursty", "daily"])),
-        click.option("--cv", default=1.0, show_default=True, type=float, help="Coefficient of variation for gamma arrivals."),
-        click.option("--concurrency", default=0, type=int, help="Closed loop with N clients."),
-        click.option("--offline", is_flag=True, help="All requests at time zero."),
-        click.option("--trace-mode", default="lengths", show_default=True, type=click.Choice(["lengths", "replay", "scale"])),
-        click.option("--num-requests", default=2000, show_default=True, type=int),
-        click.option("--duration", default=None, help="Stop the clock after this long (e.g. 600s)."),
-        click.option("--warmup", default="0s", show_default=True, help="Exclude requests arriving before this."),
-        click.option("--slo", default=None, help="e.g. ttft_p99=500ms,tpot_p99=50ms"),
-        click.option("--seed", default=0, show_default=True, type=int),
-        click.option("--price", default=None, type=float, help="Override $ per GPU-hour."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
 @main.command()
 @_simulate_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -261,6 +219,15 @@ def simulate(fmt, outdir, **kw):
     else:
         from .render import summary_table
         click.echo(summary_table(res.summary))
+
+
+from .cli_plan import plan, sweep  # noqa: E402
+main.add_command(sweep)
+main.add_command(plan)
+
+from .cli_train import compare, train  # noqa: E402
+main.add_command(train)
+main.add_command(compare)
 
 
 if __name__ == "__main__":

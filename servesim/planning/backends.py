@@ -67,13 +67,13 @@ class DaskBackend(Backend):
     """dask.distributed.Client(address).map; gathered back in input order."""
     name = "dask"
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, timeout: str = "10s"):
         try:
             from dask.distributed import Client
         except ImportError:
             raise ConfigError("--dask-scheduler needs dask.distributed; pip install 'servesim[dask]'") from None
         try:
-            self.client = Client(address, timeout="10s")
+            self.client = Client(address, timeout=timeout)
         except (OSError, TimeoutError, ValueError) as e:
             raise ConfigError(f"--dask-scheduler: cannot connect to {address!r} ({e}); "
                               "give the scheduler address, e.g. tcp://127.0.0.1:8786") from None

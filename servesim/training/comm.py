@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import math
 
-from servesim.costmodel.collectives import (RING, all_to_all_time_nb, allreduce_time_nb, link_for_group,
-                                            p2p_time_nb, reduce_scatter_time_nb)
+from servesim.costmodel.collectives import (
+    RING,
+    all_to_all_time_nb,
+    allreduce_time_nb,
+    link_for_group,
+    p2p_time_nb,
+    reduce_scatter_time_nb,
+)
 
 
 def split_group(hw, n: int, stride: int) -> tuple[int, int]:

@@ -23,6 +23,7 @@ class TrainLayout:
     ep: int = 1
     vp: int = 1
     sp: bool = False
+    tp_overlap: bool = False
     zero: int = 1
     recompute: str = "selective"
     dtype: str = "bf16"
@@ -70,28 +71,13 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
         raise ConfigError(f"--dtype: unknown value {lay.dtype!r} for training; use one of {', '.join(TRAIN_DTYPES)}")
     if lay.dtype == "fp8" and hw.peak_flops.get("fp8", 0.0) <= 0:
         raise InfeasibleError(f"--dtype fp8: {hw.name} has no fp8 tensor cores; use --dtype bf16")
+    check_model_split(model, lay)
     if gpus is not None and gpus != lay.gpus:
         raise InfeasibleError(f"--gpus {gpus} != tp*pp*dp*cp = {lay.tp}*{lay.pp}*{lay.dp}*{lay.cp} = "
                               f"{lay.gpus}; use --gpus {lay.gpus} or change the degrees")
-    heads = model.num_attention_heads
-    if heads % lay.tp:
-        raise InfeasibleError(f"--tp {lay.tp} does not divide num_attention_heads = {heads} of "
-                              f"{model.name}; use one of {_divisors(heads)}")
-    if lay.vp > 1 and lay.pp == 1:
-        raise ConfigError(f"--vp {lay.vp} needs --pp > 1 (interleaving splits pipeline stages); use --vp 1")
-    if model.num_layers % (lay.pp * lay.vp):
-        what = "--pp" if lay.vp == 1 else "--pp x --vp"
-        raise InfeasibleError(f"{what} = {lay.pp * lay.vp} does not divide num_layers = {model.num_layers} "
-                              f"of {model.name}; use a divisor of {model.num_layers} ({_divisors(model.num_layers)})")
-    if lay.ep > 1:
-        if model.moe is None:
-            raise InfeasibleError(f"--ep {lay.ep}: {model.name} has no experts; use --ep 1")
-        if model.moe.num_experts % lay.ep:
-            raise InfeasibleError(f"--ep {lay.ep} does not divide num_experts = {model.moe.num_experts}; "
-                                  f"use one of {_divisors(model.moe.num_experts)}")
-        if (lay.dp * lay.cp) % lay.ep:
-            raise InfeasibleError(f"--ep {lay.ep} must divide dp*cp = {lay.dp * lay.cp} (experts are "
-                                  f"sharded inside the data-parallel group); use one of {_divisors(lay.dp * lay.cp)}")
+    if lay.ep > 1 and (lay.dp * lay.cp) % lay.ep:
+        raise InfeasibleError(f"--ep {lay.ep} must divide dp*cp = {lay.dp * lay.cp} (experts are "
+                              f"sharded inside the data-parallel group); use one of {_divisors(lay.dp * lay.cp)}")
     if lay.seq_len % (2 * lay.cp) and lay.cp > 1:
         raise InfeasibleError(f"--cp {lay.cp}: seq_len {lay.seq_len} must be divisible by 2*cp = "
                               f"{2 * lay.cp} (load-balanced causal ring attention)")
@@ -102,3 +88,26 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
         raise InfeasibleError(f"--vp {lay.vp}: the interleaved schedule needs micro-batches per DP rank "
                               f"({lay.num_microbatches}) to be a multiple of --pp {lay.pp}; change "
                               f"--global-batch or use --vp 1")
+
+
+def check_model_split(model, lay: TrainLayout) -> None:
+    """The rules that involve only the model and the TP / PP / VP / EP degrees."""
+    heads = model.num_attention_heads
+    if heads % lay.tp:
+        raise InfeasibleError(f"--tp {lay.tp} does not divide num_attention_heads = {heads} of "
+                              f"{model.name}; use one of {_divisors(heads)}")
+    if lay.tp_overlap and not lay.sp and lay.tp > 1:
+        raise ConfigError("--tp-overlap needs --sp (the overlapped collectives are SP's all-gather and "
+                          "reduce-scatter); add --sp")
+    if lay.vp > 1 and lay.pp == 1:
+        raise ConfigError(f"--vp {lay.vp} needs --pp > 1 (interleaving splits pipeline stages); use --vp 1")
+    if model.num_layers % (lay.pp * lay.vp):
+        what = f"--pp {lay.pp}" if lay.vp == 1 else f"--pp x --vp = {lay.pp}x{lay.vp}"
+        raise InfeasibleError(f"{what} does not divide num_layers = {model.num_layers} "
+                              f"of {model.name}; use a divisor of {model.num_layers} ({_divisors(model.num_layers)})")
+    if lay.ep > 1:
+        if model.moe is None:
+            raise InfeasibleError(f"--ep {lay.ep}: {model.name} has no experts; use --ep 1")
+        if model.moe.num_experts % lay.ep:
+            raise InfeasibleError(f"--ep {lay.ep} does not divide num_experts = {model.moe.num_experts}; "
+                                  f"use one of {_divisors(model.moe.num_experts)}")

@@ -21,7 +21,7 @@
 """
 from __future__ import annotations
 
-from servesim.costmodel.memory import GiB, RUNTIME_RESERVE_BYTES
+from servesim.costmodel.memory import RUNTIME_RESERVE_BYTES, GiB
 
 
 def stage_params(model, pp: int, stage: int) -> tuple[float, float]:

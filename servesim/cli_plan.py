@@ -1,0 +1,361 @@
+"""`servesim sweep` and `servesim plan`: thin click commands over `servesim.planning`."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from .cli_options import simulate_options as _simulate_options
+from .errors import ConfigError
+
+
+def _replace_option(f, name: str, option):
+    """Swap one option that `_simulate_options` added for a command-specific one."""
+    f.__click_params__ = [p for p in f.__click_params__ if p.name != name]
+    return option(f)
+
+
+def _price_option(f):
+    return _replace_option(f, "price", click.option(
+        "--price", "prices", multiple=True,
+        help="$ per GPU-hour: USD for every hardware, or HARDWARE=USD (repeatable / comma list)."))
+
+
+def _backend_options(f):
+    f = click.option("--dask-scheduler", default=None, metavar="tcp://HOST:PORT",
+                     help="Run points on this Dask cluster instead of the local process pool.")(f)
+    f = click.option("--workers", default=None, type=int, help="Local worker processes (default: every core).")(f)
+    return f
+
+
+def parse_prices(values) -> tuple[float | None, dict[str, float]]:
+    default, per_hw = None, {}
+    for v in values or ():
+        for part in str(v).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            hw, sep, usd = part.rpartition("=")
+            try:
+                price = float(usd)
+            except ValueError:
+                raise ConfigError(f"--price: {part!r} is not USD or HARDWARE=USD; write e.g. --price h100-sxm=2.5") from None
+            if price < 0:
+                raise ConfigError(f"--price: must be >= 0 $/GPU-hour, got {part!r}")
+            if sep:
+                from .config import list_hardware
+                if hw not in list_hardware():
+                    raise ConfigError(f"--price: unknown hardware {hw!r}; use one of {', '.join(list_hardware())}")
+                per_hw[hw] = price
+            else:
+                default = price
+    return default, per_hw
+
+
+def _base_config(kw):
+    from .api import SimConfig
+    from .metrics import parse_duration
+    kw = dict(kw)
+    kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] else None
+    kw["warmup"] = parse_duration(kw["warmup"], "--warmup")
+    return SimConfig(**kw)
+
+
+def _priced(points, default, per_hw):
+    return [replace(p, price=per_hw.get(p.hardware, default)) for p in points]
+
+
+class _Progress:
+    """click's progress bar on a terminal (stderr), nothing otherwise."""
+
+    def __init__(self, length: int, label: str):
+        self.bar = None
+        if sys.stderr.isatty() and length > 1:
+            self.bar = click.progressbar(length=length, label=label, file=sys.stderr)
+            self.bar.__enter__()
+
+    def __call__(self, n: int = 1):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _records(df) -> list[dict]:
+    return json.loads(df.to_json(orient="records"))
+
+
+SWEEP_COLUMNS = [("rate", "rate", "{:.3g}"), ("status", "status", "{}"), ("ttft_ms_p99", "TTFT p99", "{:.1f}"),
+                 ("tpot_ms_p99", "TPOT p99", "{:.1f}"), ("e2e_ms_p99", "E2E p99", "{:.0f}"),
+                 ("throughput_output_tokens_per_s", "out tok/s", "{:.0f}"),
+                 ("goodput_requests_per_s", "goodput", "{:.2f}"),
+                 ("cost_usd_per_million_output_tokens", "$/M out", "{:.3f}"), ("saturated", "sat", "{}"),
+                 ("slo_met", "SLO", "{}"), ("knee", "knee", "{}")]
+MAXRATE_COLUMNS = [("status", "status", "{}"), ("max_rate", "max rate", "{:.3g}"),
+                   ("ttft_ms_p99", "TTFT p99", "{:.1f}"), ("tpot_ms_p99", "TPOT p99", "{:.1f}"),
+                   ("cost_usd_per_million_output_tokens", "$/M out", "{:.3f}"),
+                   ("cost_usd_per_hour", "$/h", "{:.2f}"), ("limited_by", "limited by", "{}")]
+
+
+def _text_table(df, lead, columns) -> str:
+    cols = [(c, c, "{}") for c in lead] + [c for c in columns if c[0] in df.columns]
+    rows = [[label for _, label, _ in cols]]
+    for r in df.to_dict("records"):
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            if v is None or (isinstance(v, float) and v != v):
+                cells.append("-")
+            else:
+                try:
+                    cells.append(fmt.format(v))
+                except (ValueError, TypeError):
+                    cells.append(str(v))
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in rows)
+
+
+@click.command()
+@_price_option
+@_simulate_options
+@click.option("--rates", default=None, help="1,2,4,8 or START:STOP:COUNT (geometric), req/s.")
+@click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",
+              help="Sweep a simulate option too (repeatable), e.g. --grid tp=1,2 --grid hardware=h100-sxm,h200-sxm.")
+@click.option("--find-max-rate", is_flag=True, help="Per grid point, bisect for the highest sustainable rate meeting --slo.")
+@click.option("--tolerance", default=0.05, show_default=True, type=float, help="Relative bracket width that stops the bisection.")
+@click.option("--margin", default=0.0, show_default=True, type=float, help="Required headroom under each SLO target (0.1 = 10%).")
+@_backend_options
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
+              help="Write sweep.csv (+ .parquet) and figures here.")
+def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers, fmt, outdir, prices, **kw):
+    """Sweep arrival rate and any grid of options; one full simulation per point.
+
+    \b
+    Examples:
+      servesim sweep --rates 1:32:6 --slo ttft_p99=1s,tpot_p99=60ms -o out/
+      servesim sweep --rates 2,4,8 --grid tp=1,2 --grid hardware=h100-sxm,h200-sxm --format json
+      servesim sweep --find-max-rate --slo ttft_p99=1s,tpot_p99=60ms --grid hardware=h100-sxm,l40s
+    """
+    from .metrics import parse_slo
+    from .planning import backends, figures, grid as G, sweep as S
+    base = _base_config(kw)
+    default_price, per_hw = parse_prices(prices)
+    grid_spec = G.parse_grid(grid)
+    slo = parse_slo(base.slo)
+    if find_max_rate:
+        if not slo:
+            raise ConfigError("--find-max-rate needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
+        rate_list = None
+        if rates:
+            rate_list = G.parse_rates(rates)
+            base = replace(base, rate=min(rate_list))
+    else:
+        if not rates:
+            raise ConfigError("--rates is required, e.g. --rates 1,2,4 or --rates 1:64:16 (or use --find-max-rate)")
+        rate_list = G.parse_rates(rates)
+        if base.offline or base.concurrency > 0:
+            raise ConfigError("--rates sweeps open-loop arrivals; drop --offline / --concurrency")
+    if margin < 0 or margin >= 1:
+        raise ConfigError(f"--margin must be in [0, 1), got {margin}")
+    n = 1
+    for _, v in grid_spec:
+        n *= len(v)
+    n_points = n if find_max_rate else n * len(rate_list)
+    S.validate_base(base, grid_spec)
+
+    class _PricedBackend:   # price each point by its hardware before it runs
+        def __init__(self, inner):
+            self.inner = inner
+
+        def map(self, fn, items, progress=None):
+            items = [(x[0], _priced([x[1]], default_price, per_hw)[0], *x[2:]) for x in items]
+            return self.inner.map(fn, items, progress)
+
+    bar = _Progress(n_points, "max-rate search" if find_max_rate else "sweep")
+    with backends.make_backend(dask_scheduler, workers) as be:
+        try:
+            if find_max_rate:
+                res = S.run_max_rate(base, grid_spec, _PricedBackend(be), tol=tolerance, margin=margin, progress=bar)
+            else:
+                res = S.run_sweep(base, grid_spec, rate_list, _PricedBackend(be), progress=bar)
+        finally:
+            bar.close()
+    df = res.table
+    written = []
+    if outdir:
+        written = S.write_table(df, outdir, "max_rate" if find_max_rate else "sweep")
+        try:
+            written += (figures.max_rate_figure(df, res.grid_keys, outdir) if find_max_rate
+                        else figures.sweep_figures(df, res.grid_keys, slo, outdir))
+        except Exception as e:  # a figure must never lose the table
+            click.echo(f"servesim: warning: figures skipped ({e})", err=True)
+    if (df.status != "error").any() or not res.errors:
+        if fmt == "json":
+            click.echo(json.dumps({"mode": res.mode, "grid": [k for k, _ in grid_spec], "points": _records(df),
+                                   "errors": [{"point": p, "message": m} for p, m in res.errors],
+                                   "files": [str(p) for p in written]}, indent=2))
+        else:
+            lead = list(res.grid_keys)
+            click.echo(_text_table(df, lead, MAXRATE_COLUMNS if find_max_rate else SWEEP_COLUMNS))
+            if written:
+                click.echo(f"wrote {', '.join(str(p) for p in written)}")
+    if res.errors:
+        point, msg = res.errors[0]
+        done = int((df.status == "ok").sum())
+        where = f" ({done} completed points written to {outdir})" if outdir else ""
+        raise ConfigError(f"point {point}: {msg}{where}")
+
+
+def _int_list(text, option):
+    try:
+        vals = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{option}: {text!r} is not a comma list of integers, e.g. 1,2,4") from None
+    if not vals or min(vals) < 1:
+        raise ConfigError(f"{option}: need integers >= 1, got {text!r}")
+    return tuple(vals)
+
+
+def _plan_options(f):
+    f = _simulate_options(f)
+    f = _price_option(f)
+    f = _replace_option(f, "hardware", click.option(
+        "--hardware", default=None, help="Candidate hardware, comma list (default: every profile that can hold the model)."))
+    f = _replace_option(f, "dtype", click.option("--dtype", default="bf16", show_default=True,
+                                                 help="Candidate weight dtypes, comma list, e.g. bf16,fp8."))
+    f = _replace_option(f, "tp", click.option("--tp", default="1,2,4,8", show_default=True, help="Candidate TP degrees."))
+    f = _replace_option(f, "pp", click.option("--pp", default="1", show_default=True, help="Candidate PP degrees."))
+    f = _replace_option(f, "replicas", click.option("--max-replicas", default=64, show_default=True, type=int))
+    f = _replace_option(f, "max_num_seqs", click.option(
+        "--max-num-seqs", default=None, help="Candidate max batch sizes, comma list (default: the preset's)."))
+    f = _replace_option(f, "max_num_batched_tokens", click.option(
+        "--max-num-batched-tokens", default=None, help="Candidate token budgets, comma list (default: the preset's)."))
+    return f
+
+
+@click.command()
+@_plan_options
+@click.option("--max-gpus", default=64, show_default=True, type=int, help="GPU budget.")
+@click.option("--budget", "budget", default=None, type=float, help="$ per hour budget.")
+@click.option("--margin", default=0.1, show_default=True, type=float,
+              help="Required headroom under every SLO target (0.1 = within 90% of it).")
+@click.option("--daily-rates", default=None, help="Daily load curve: req/s per equal slot of the day, comma list; "
+              "plans for the peak and reports GPU-hours per day.")
+@click.option("--exhaustive", is_flag=True, help="Simulate every (layout, replicas) point, no pruning.")
+@click.option("--top", default=15, show_default=True, type=int, help="Rows of the ranked table.")
+@_backend_options
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
+              help="Write plan.json, candidates.csv and pareto.png here.")
+def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget, margin,
+         daily_rates, exhaustive, top, dask_scheduler, workers, fmt, outdir, prices, **kw):
+    """Find the cheapest deployment that meets every SLO at the target load.
+
+    Searches hardware x dtype x TP x PP x replicas (x max batch size / token budget), prunes with
+    memory, latency-floor and capacity bounds, and verifies every answer by simulation.
+
+    \b
+    Examples:
+      servesim plan --model llama-3.1-8b --rate 20 --slo ttft_p99=1s,tpot_p99=60ms
+      servesim plan --model llama-3.1-70b --hardware h100-sxm,a100-sxm-80gb --dtype bf16,fp8 \\
+          --rate 10 --slo ttft_p99=2s,tpot_p99=80ms --format json -o plan/
+      servesim plan --daily-rates 2,2,4,8,12,8 --slo ttft_p99=1s --price h100-sxm=2.5
+    """
+    import pandas as pd
+    from .config import list_hardware
+    from .planning import backends, figures
+    from .planning.grid import parse_rates
+    from .planning.plan import PlanSpec, plan as run_plan
+    from .planning.sweep import write_table
+    kw.update(tp=1, pp=1, replicas=1, hardware="h100-sxm", dtype="bf16", max_num_seqs=None,
+              max_num_batched_tokens=None)
+    base = _base_config(kw)
+    default_price, per_hw = parse_prices(prices)
+    hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else ()
+    known = list_hardware()
+    for h in hw:
+        if h not in known:
+            raise ConfigError(f"--hardware: unknown hardware {h!r}; use one of {', '.join(known)}")
+    dtypes = tuple(d.strip() for d in dtype.split(",") if d.strip())
+    spec = PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_int_list(tp, "--tp"), pps=_int_list(pp, "--pp"),
+                    max_num_seqs=_int_list(max_num_seqs, "--max-num-seqs") if max_num_seqs else (None,),
+                    max_num_batched_tokens=(_int_list(max_num_batched_tokens, "--max-num-batched-tokens")
+                                            if max_num_batched_tokens else (None,)),
+                    max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
+                    prices=per_hw, default_price=default_price, exhaustive=exhaustive,
+                    daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates else ())
+    if max_gpus < 1 or max_replicas < 1:
+        raise ConfigError("--max-gpus and --max-replicas must be >= 1")
+    with backends.make_backend(dask_scheduler, workers) as be:
+        bar = _Progress(2, "plan")
+        try:
+            res = run_plan(spec, be, progress=None)
+        finally:
+            bar.close()
+    cands = res.candidates
+    if not hw:   # default hardware: list only profiles that can hold the model
+        fits = {c["hardware"] for c in cands if c["status"] != "infeasible"}
+        cands = [c for c in cands if c["hardware"] in fits]
+    out = res.as_dict() | {"candidates": cands}
+    if outdir:
+        d = Path(outdir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "plan.json").write_text(json.dumps(out, indent=2) + "\n")
+        flat = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "checks", "cost_split")} for c in cands])
+        write_table(flat, d, "candidates")
+        try:
+            figures.pareto_figure(flat, d)
+        except Exception as e:  # a figure must never lose the plan
+            click.echo(f"servesim: warning: figure skipped ({e})", err=True)
+    if fmt == "json":
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(_plan_text(out, top))
+    if res.best is None:
+        from .errors import InfeasibleError
+        raise InfeasibleError(res.why_not)
+
+
+def _plan_text(out, top) -> str:
+    lines = []
+    b = out["best"]
+    if b:
+        m = b["metrics"]
+        lines.append(f"best: {b['replicas']} x {b['hardware']} {b['dtype']} TP={b['tp']} PP={b['pp']} "
+                     f"({b['num_gpus']} GPUs), ${b['usd_per_hour']:.2f}/h, "
+                     f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
+        lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
+                     f"headroom {100 * b['headroom']:.0f}% (margin {100 * b['margin']:.0f}%), "
+                     f"busy ${b['cost_split']['busy_usd_per_hour']:.2f}/h + idle ${b['cost_split']['idle_usd_per_hour']:.2f}/h")
+        ch = b["checks"]
+        lines.append(f"      checks: seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"
+                     + (f"; {ch['one_replica_fewer']['replicas']} replicas meets: {ch['one_replica_fewer']['meets_slo']}"
+                        if "one_replica_fewer" in ch else ""))
+        if "daily" in b:
+            d = b["daily"]
+            lines.append(f"      daily: {d['gpu_hours_per_day']:.0f} GPU-h/day (${d['usd_per_day']:.0f}) following the curve "
+                         f"vs {d['peak_gpu_hours_per_day']:.0f} GPU-h/day (${d['peak_usd_per_day']:.0f}) at peak")
+    else:
+        lines.append(f"no plan: {out['why_not']}")
+    lines.append(f"searched {out['search_space']} (layout x replicas) points with {out['simulations']} simulations")
+    lines.append("")
+    rows = [["hardware", "dtype", "TP", "PP", "repl", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "status"]]
+
+    def f(v, fmt):
+        return "-" if v is None else fmt.format(v)
+    for c in out["candidates"][:top]:
+        rows.append([c["hardware"], c["dtype"], str(c["tp"]), str(c["pp"]), f(c.get("replicas"), "{}"),
+                     f(c.get("num_gpus"), "{}"), f(c.get("usd_per_hour"), "{:.2f}"),
+                     f(c.get("usd_per_million_output_tokens"), "{:.3f}"), f(c.get("ttft_ms_p99"), "{:.1f}"),
+                     f(c.get("tpot_ms_p99"), "{:.1f}"), c["status"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)

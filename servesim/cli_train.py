@@ -1,0 +1,252 @@
+"""`servesim train` and `servesim compare`: thin click commands over servesim.training."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .errors import ConfigError
+
+
+def _int_list(value: str, option: str) -> list[int]:
+    try:
+        out = [int(v) for v in str(value).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{option}: expected an integer or a comma-separated list such as 64,128,256, "
+                          f"got {value!r}") from None
+    if not out or any(v < 1 for v in out):
+        raise ConfigError(f"{option}: expected positive integers, got {value!r}")
+    return out
+
+
+def _train_options(f):
+    opts = [
+        click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path."),
+        click.option("--hardware", default="h100-sxm", show_default=True, help="Hardware profile."),
+        click.option("--gpus", default="8", show_default=True,
+                     help="Total GPUs, or a list (64,128,...) for a scaling table."),
+        click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel degree."),
+        click.option("--pp", default=1, show_default=True, type=int, help="Pipeline stages."),
+        click.option("--dp", default=None, type=int, help="Data-parallel degree [default: GPUs/(tp*pp*cp)]."),
+        click.option("--cp", default=1, show_default=True, type=int, help="Context-parallel degree (ring attention)."),
+        click.option("--ep", default=1, show_default=True, type=int, help="Expert-parallel degree (inside DP)."),
+        click.option("--vp", default=1, show_default=True, type=int, help="Virtual stages per pipeline rank (interleaved 1F1B)."),
+        click.option("--sp/--no-sp", default=False, show_default=True, help="Sequence parallelism with TP."),
+        click.option("--tp-overlap", is_flag=True,
+                     help="Overlap SP's all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs --sp)."),
+        click.option("--zero", default=1, show_default=True, type=int, help="ZeRO stage 0-3 (FSDP = 3)."),
+        click.option("--recompute", default="selective", show_default=True,
+                     type=click.Choice(["none", "selective", "full"])),
+        click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp8"])),
+        click.option("--seq-len", default=4096, show_default=True, type=int),
+        click.option("--micro-batch", default=1, show_default=True, type=int, help="Sequences per micro-batch."),
+        click.option("--global-batch", default=256, show_default=True, type=int, help="Sequences per step."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _render_result(d: dict) -> str:
+    lay = d["layout"]
+    lines = [
+        f"{d['model']} on {d['gpus']} x {d['hardware']}: tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} "
+        f"cp={lay['cp']} ep={lay['ep']} vp={lay['vp']} sp={'on' if lay['sp'] else 'off'}"
+        f"{' tp-overlap' if lay['tp_overlap'] else ''} zero={lay['zero']} "
+        f"recompute={lay['recompute']} dtype={lay['dtype']}",
+        f"seq {lay['seq_len']}, micro-batch {lay['micro_batch']}, global batch {lay['global_batch']} "
+        f"({d['global_batch_microbatches']} micro-batches per DP rank)",
+        "",
+        f"step time            {_fmt_s(d['step_time_s'])}",
+        f"tokens/s             {d['tokens_per_s']:,.0f}",
+        f"tokens/s/GPU         {d['tokens_per_s_per_gpu']:,.1f}",
+        f"MFU                  {d['mfu'] * 100:.1f}%   (6N + 12 L s d_attn per token, non-causal, no recompute, / bf16 peak)",
+        f"HFU                  {d['hfu'] * 100:.1f}%   (MFU FLOPs + recomputed FLOPs)",
+        f"pipeline bubble      {d['bubble_fraction'] * 100:.1f}% of pipeline time",
+        f"bottleneck           {d['bottleneck']}",
+        "",
+        "time per step:",
+    ]
+    total = d["step_time_s"]
+    for k, v in d["breakdown_s"].items():
+        note = " (inside compute)" if k == "recompute" else ""
+        lines.append(f"  {k:<18} {_fmt_s(v):>12}  {v / total * 100:5.1f}%{note}")
+    mem = d["memory_gib_per_gpu"]
+    lines += ["", f"memory per GPU: {mem['total']:.1f} GiB of {mem['hbm']:.1f} GiB"]
+    for k, v in mem["parts"].items():
+        lines.append(f"  {k:<18} {v:8.2f} GiB")
+    return "\n".join(lines)
+
+
+def _base_layout(kw, dp=1):
+    from .training import TrainLayout
+    return TrainLayout(tp=kw["tp"], pp=kw["pp"], dp=dp, cp=kw["cp"], ep=kw["ep"], vp=kw["vp"], sp=kw["sp"],
+                       tp_overlap=kw["tp_overlap"], zero=kw["zero"], recompute=kw["recompute"],
+                       dtype=kw["dtype"], seq_len=kw["seq_len"], micro_batch=kw["micro_batch"],
+                       global_batch=kw["global_batch"])
+
+
+@click.command()
+@_train_options
+@click.option("--search", is_flag=True, help="Find the fastest layout that fits (ignores the layout options).")
+@click.option("--top", default=10, show_default=True, type=int, help="Alternatives shown by --search.")
+@click.option("--scaling", default="weak", show_default=True, type=click.Choice(["weak", "strong"]),
+              help="With a --gpus list: weak (batch grows with GPUs) or strong (fixed batch) scaling.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
+              help="Write the table as CSV (and the scaling figure) here.")
+def train(search, top, scaling, fmt, outdir, **kw):
+    """Step time, throughput, MFU and memory of one training layout.
+
+    MFU counts 6N FLOPs per token (N = active parameters in matmuls, LM head included, input
+    embedding excluded) plus 12 L s d_attn for attention (non-causal), without recomputation,
+    against the bf16 dense peak; HFU adds recomputed FLOPs.
+
+    \b
+    Examples:
+      servesim train --model llama-3.1-8b --gpus 8 --global-batch 128 --seq-len 8192
+      servesim train --model llama-3.1-70b --gpus 64 --tp 4 --pp 4 --cp 2 --vp 5 --sp --seq-len 8192 --global-batch 128
+      servesim train --model llama-3.1-70b --gpus 256 --search --global-batch 512
+      servesim train --model llama-3.1-8b --gpus 8,16,32,64 --tp 1 --global-batch 64 -o scaling/
+    """
+    from .config import load_hardware, load_model
+    from .training import derive_dp, train_step
+    from .training.layout import check_model_split
+    from .training.search import results_frame, scaling_table, search_layouts
+
+    model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    gpus = _int_list(kw["gpus"], "--gpus")
+    if len(gpus) > 1:
+        df = scaling_table(model, hw, gpus, _base_layout(kw), mode=scaling, search=search)
+        if outdir:
+            out = Path(outdir)
+            out.mkdir(parents=True, exist_ok=True)
+            df.to_csv(out / "scaling.csv", index=False)
+            _scaling_figure(df, out / "scaling.png", f"{model.name} on {hw.name}, {scaling} scaling")
+        if fmt == "json":
+            click.echo(json.dumps({"scaling": scaling, "rows": df.to_dict(orient="records")}, indent=2))
+        else:
+            click.echo(f"{model.name} on {hw.name}: {scaling} scaling (efficiency = tokens/s/GPU vs {gpus[0]} GPUs)")
+            click.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        return
+    g = gpus[0]
+    if search:
+        results = search_layouts(model, hw, g, _base_layout(kw), top=top)
+        df = results_frame(results)
+        if outdir:
+            Path(outdir).mkdir(parents=True, exist_ok=True)
+            df.to_csv(Path(outdir) / "search.csv", index=False)
+        if fmt == "json":
+            best = _result_dict(results[0])
+            click.echo(json.dumps({"best": best, "alternatives": df.to_dict(orient="records")}, indent=2))
+        else:
+            click.echo(_render_result(_result_dict(results[0])))
+            click.echo("\nfastest layouts that fit:")
+            click.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        return
+    check_model_split(model, _base_layout(kw))
+    dp = kw["dp"] if kw["dp"] is not None else derive_dp(g, kw["tp"], kw["pp"], kw["cp"])
+    res = train_step(model, hw, _base_layout(kw, dp=dp), gpus=g)
+    d = _result_dict(res)
+    if fmt == "json":
+        click.echo(json.dumps(d, indent=2))
+    else:
+        click.echo(_render_result(d))
+
+
+def _result_dict(res) -> dict:
+    d = res.as_dict()
+    d["global_batch_microbatches"] = res.extra["num_microbatches"]
+    return d
+
+
+def _scaling_figure(df, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=df, x="gpus", y="scaling_efficiency", marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, max(1.05, float(df["scaling_efficiency"].max()) * 1.05))
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("scaling efficiency (tokens/s/GPU vs first)")
+    ax.set_title(title + "\nsource: servesim training model (servesim.training)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@click.command()
+@click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path.")
+@click.option("--hardware", default="h100-sxm", show_default=True,
+              help="Hardware profile, or a comma-separated list to compare side by side.")
+@click.option("--train-tokens", default=15e12, show_default=True, type=float, help="Training tokens.")
+@click.option("--gpus", default=1024, show_default=True, type=int, help="GPUs for training.")
+@click.option("--seq-len", default=8192, show_default=True, type=int)
+@click.option("--global-batch", default=1024, show_default=True, type=int, help="Sequences per step.")
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp8"]),
+              help="Training precision (bf16 where the chip has no fp8).")
+@click.option("--serve-tp", default=None, type=int, help="Serving TP [default: smallest that fits].")
+@click.option("--workload", default="chat", show_default=True, help="Serving workload.")
+@click.option("--rate", default=None, type=float, help="Serving request rate (req/s).")
+@click.option("--slo", default="ttft_p99=1s,tpot_p99=60ms", show_default=True, help="Serving SLO.")
+@click.option("--num-requests", default=500, show_default=True, type=int)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
+              help="Write compare.csv and compare.png here.")
+def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, serve_tp, workload, rate, slo,
+            num_requests, fmt, outdir):
+    """Training GPU-hours and $ against serving $ per million tokens, and the break-even.
+
+    \b
+    Examples:
+      servesim compare --model llama-3.1-8b --train-tokens 15e12 --gpus 1024
+      servesim compare --model llama-3.1-8b --hardware h100-sxm,a100-sxm-80gb,h200-sxm --rate 4 -o cmp/
+    """
+    from .training import TrainLayout
+    from .training.compare import compare_costs
+    hws = [h.strip() for h in hardware.split(",") if h.strip()]
+    base = TrainLayout(seq_len=seq_len, global_batch=global_batch, dtype=dtype)
+    df = compare_costs(model, hws, gpus, train_tokens, base, serve_tp=serve_tp, workload=workload, rate=rate,
+                       slo=slo, num_requests=num_requests)
+    if outdir:
+        out = Path(outdir)
+        out.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out / "compare.csv", index=False)
+        _compare_figure(df, out / "compare.png", f"{model}: {train_tokens:.3g} training tokens")
+    if fmt == "json":
+        click.echo(json.dumps({"model": model, "train_tokens": train_tokens, "rows": df.to_dict(orient="records")},
+                              indent=2))
+        return
+    click.echo(f"{model}: train on {train_tokens:.3g} tokens with {gpus} GPUs; serve {workload} at SLO {slo}")
+    for _, r in df.iterrows():
+        click.echo(f"\n{r['hardware']}  ({r['usd_per_gpu_hour']:.2f} $/GPU-h)\n"
+                   f"  training   {r['train_layout']}, MFU {r['train_mfu'] * 100:.1f}%, {r['train_days']:.1f} days, "
+                   f"{r['train_gpu_hours']:,.0f} GPU-h, ${r['train_usd']:,.0f}\n"
+                   f"  serving    TP {r['serve_tp']}, ${r['serve_usd_per_m_output']:.3f} per M output tokens "
+                   f"(SLO attainment {r['slo_attainment'] if r['slo_attainment'] is not None else float('nan'):.2f})\n"
+                   f"  break-even {r['break_even_output_tokens']:.3g} served output tokens")
+
+
+def _compare_figure(df, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
+    for ax, col, label in zip(axes, ("train_usd", "serve_usd_per_m_output", "break_even_output_tokens"),
+                              ("training $", "serving $ / M output tokens", "break-even output tokens")):
+        sns.barplot(data=df, x="hardware", y=col, ax=ax)
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(title + " (source: servesim training model + serving simulator)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,398 @@
+"""`servesim plan`: the cheapest deployment meeting every SLO at the target load.
+
+Search space: hardware x dtype x TP x PP x engine knobs (max_num_seqs, max_num_batched_tokens) -- a
+*layout* -- times the replica count. Cheap analytical bounds prune first, simulation decides:
+
+1. memory: the weights must fit (`build_replica` raises InfeasibleError otherwise);
+2. latency floors, independent of load: the q-quantile TTFT can be no lower than the prefill of the
+   q-quantile prompt running alone, and TPOT no lower than one batch-1 decode iteration;
+3. capacity: a replica serves at most mu = (B / osl) / t_iter requests/s, where t_iter prices one
+   steady-state iteration of B decodes plus the prefill tokens that keep B in flight (B / osl new
+   requests per iteration) at the largest batch the engine and KV cache allow; stability (utilisation
+   rho = lambda / (r mu) < 1, Kleinrock 1975, vol. 1 sec. 2.1) then needs r > lambda / mu, so the
+   search starts at r_min = floor(lambda / (SLACK mu)) + 1 replicas.
+
+Every answer is verified by simulation; the bounds only decide where to start and what to skip.
+`exhaustive=True` simulates every (layout, replicas) point instead (used to test the pruning and to
+time large plans). The winner is re-simulated with another seed (it must meet every SLO) and with one
+replica fewer (it must not meet the planner's criterion).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from ..errors import ConfigError, InfeasibleError
+from .backends import Backend
+from .evaluate import simulate_summary, verdict
+
+SLACK = 1.25            # the capacity bound is optimistic by design; this keeps it a bound
+LATENCY_SLACK = 0.95    # latency floors are compared after this factor
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    base: object                              # SimConfig: model, workload, load, slo, seed, engine
+    hardware: tuple = ()
+    dtypes: tuple = ("bf16",)
+    tps: tuple = (1, 2, 4, 8)
+    pps: tuple = (1,)
+    max_num_seqs: tuple = (None,)
+    max_num_batched_tokens: tuple = (None,)
+    max_gpus: int = 64
+    max_replicas: int = 64
+    budget_usd_per_hour: float | None = None
+    margin: float = 0.1
+    prices: dict = field(default_factory=dict)   # hardware -> $/GPU-hour overrides
+    default_price: float | None = None
+    exhaustive: bool = False
+    daily_rates: tuple = ()
+
+
+@dataclass
+class PlanResult:
+    best: dict | None
+    candidates: list
+    why_not: str | None
+    simulations: int
+    space_size: int
+
+    def as_dict(self) -> dict:
+        return {"best": self.best, "candidates": self.candidates, "why_not": self.why_not,
+                "simulations": self.simulations, "search_space": self.space_size}
+
+
+# ---------------------------------------------------------------- bounds
+def _lengths(base):
+    from ..config import load_model
+    from ..workload import build_requests, load_workload
+    model = load_model(base.model)
+    reqs = build_requests(load_workload(base.workload), min(base.num_requests, 4000), base.seed, rate=1.0,
+                          isl=base.isl, osl=base.osl, max_len=model.max_context)
+    return np.asarray(reqs.prompt, float), np.asarray(reqs.output, float)
+
+
+def _quantile(x, stat):
+    return float(x.mean()) if stat == "mean" else float(np.quantile(x, int(stat[1:]) / 100.0))
+
+
+def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) -> dict:
+    """{'status': 'ok'|'infeasible'|'pruned', 'reason', 'capacity_rps', 'ttft_floor_ms', 'tpot_floor_ms'}."""
+    from ..api import SimConfig, resolve  # noqa: F401
+    from ..costmodel import Layout, build_replica
+    from ..costmodel.iteration import iteration_components_nb
+    from ..engine.presets import get_preset
+    try:
+        cfg, model, hw, _ = resolve(replace(base, **{k: v for k, v in layout.items()}))
+        rc = build_replica(model, hw, Layout(cfg.tp, cfg.pp, cfg.dtype, cfg.kv_dtype, cfg.allreduce),
+                           cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
+                           max_seqs=cfg.max_num_seqs, fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
+    except InfeasibleError as e:
+        return {"status": "infeasible", "reason": str(e)}
+    p = rc.params
+
+    def t(tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec, interval=True):
+        r = iteration_components_nb(p, float(tp_tok), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
+                                    float(n_dec), float(kv_dec))
+        return float(r[6] if interval else r[5])
+
+    isl, osl = float(prompt.mean()), float(max(output.mean(), 1.0))
+    kv_cap = rc.memory.kv_capacity_tokens
+    b = min(cfg.max_num_seqs, kv_cap / (isl + osl / 2.0))
+    b = max(1.0, min(b, cfg.max_num_batched_tokens / (1.0 + isl / osl)))
+    n_pf = b / osl
+    it = t(n_pf * isl, n_pf, n_pf * isl * (isl + 1) / 2, n_pf * isl, b, b * (isl + osl / 2))
+    capacity = n_pf / it if it > 0 else math.inf
+    out = {"status": "ok", "reason": "", "capacity_rps": capacity, "gpus_per_replica": rc.num_gpus,
+           "kv_capacity_tokens": kv_cap, "usd_per_gpu_hour": hw.usd_per_hour}
+    for key, target in slo.items():
+        metric, stat = key.split("_")
+        if metric == "ttft":
+            q = _quantile(prompt, stat)
+            floor = t(q, 1, q * (q + 1) / 2, q, 0, 0, interval=False)
+        elif metric in ("tpot", "itl"):
+            q = _quantile(prompt, stat if metric == "tpot" else "p50")
+            floor = t(0, 0, 0, 0, 1, q, interval=False) if metric == "tpot" else 0.0
+        else:
+            continue
+        out[f"{metric}_floor_ms"] = floor * 1e3
+        if floor * LATENCY_SLACK > target * (1.0 - margin):
+            out["status"] = "pruned"
+            out["reason"] = (f"{key} floor {floor * 1e3:.1f} ms (no load) exceeds the target {target * 1e3:.1f} ms"
+                             + (f" less the {100 * margin:.0f}% margin" if margin else ""))
+            break
+    return out
+
+
+def replicas_lower_bound(rate: float, capacity_rps: float) -> int:
+    return max(1, int(math.floor(rate / (SLACK * capacity_rps))) + 1) if capacity_rps > 0 else 1
+
+
+# ---------------------------------------------------------------- tasks
+def _sim(cfg, margin):
+    status, out = simulate_summary(cfg)
+    if status != "ok":
+        return {"replicas": cfg.replicas, "status": status, "ok": False, "reasons": [out], "headroom": None,
+                "summary": None}
+    ok, reasons, head = verdict(out, margin)
+    return {"replicas": cfg.replicas, "status": "ok", "ok": ok, "reasons": reasons, "headroom": head, "summary": out}
+
+
+def search_task(arg) -> dict:
+    """Task: (cfg with layout, r_min, r_max, margin) -> the fewest replicas meeting the SLO (galloping
+    from r_min, then bisection), and every simulation made."""
+    cfg, r_min, r_max, margin = arg
+    tried = {}
+
+    def run(r):
+        if r not in tried:
+            tried[r] = _sim(replace(cfg, replicas=r), margin)
+        return tried[r]
+
+    r, lo = r_min, r_min - 1
+    hi = None
+    while True:
+        res = run(r)
+        if res["status"] != "ok":
+            break
+        if res["ok"]:
+            hi = r
+            break
+        lo = r
+        if r >= r_max:
+            break
+        r = min(2 * r, r_max)
+    if hi is not None:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if run(mid)["ok"]:
+                hi = mid
+            else:
+                lo = mid
+    return {"best": hi, "tried": [tried[k] for k in sorted(tried)]}
+
+
+def point_task(arg) -> dict:
+    cfg, margin = arg
+    return _sim(cfg, margin)
+
+
+# ---------------------------------------------------------------- the planner
+def _layouts(spec: PlanSpec):
+    for hw in spec.hardware:
+        for dtype in spec.dtypes:
+            for tp in spec.tps:
+                for pp in spec.pps:
+                    for mns in spec.max_num_seqs:
+                        for mnbt in spec.max_num_batched_tokens:
+                            yield {"hardware": hw, "dtype": dtype, "tp": tp, "pp": pp, "max_num_seqs": mns,
+                                   "max_num_batched_tokens": mnbt}
+
+
+def _metrics(s: dict) -> dict:
+    keep = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
+    m = {k: {kk: vv for kk, vv in s[k].items() if kk != "ci95"} for k in keep}
+    m.update({"itl_ms": s["itl_ms"], "throughput": s["throughput"], "utilization": s["utilization"],
+              "saturated": s["saturated"], "slo": s["slo"], "slo_attainment": s["slo_attainment"],
+              "goodput_requests_per_s": s["goodput_requests_per_s"], "num_completed": s["num_completed"]})
+    return m
+
+
+def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
+    s = sim["summary"] if sim else None
+    r = sim["replicas"] if sim else None
+    c = {**layout, "replicas": r, "num_gpus": gpr * r if r else None, "usd_per_gpu_hour": price,
+         "usd_per_hour": price * gpr * r if r else None, "simulations": n_sims,
+         "capacity_bound_rps_per_replica": bounds.get("capacity_rps"),
+         "replicas_lower_bound": bounds.get("r_min")}
+    if s:
+        cost = s["cost"]
+        busy = s["utilization"]["busy_fraction"]
+        c.update({"usd_per_million_output_tokens": cost["usd_per_million_output_tokens"],
+                  "usd_per_million_input_tokens": cost["usd_per_million_input_tokens"],
+                  "headroom": sim["headroom"], "ttft_ms_p99": s["ttft_ms"]["p99"], "tpot_ms_p99": s["tpot_ms"]["p99"],
+                  "e2e_ms_p99": s["e2e_ms"]["p99"],
+                  "output_tokens_per_s_per_gpu": s["throughput"]["output_tokens_per_s_per_gpu"],
+                  "busy_fraction": busy,
+                  "cost_split": {"busy_usd_per_hour": cost["usd_per_hour"] * busy,
+                                 "idle_usd_per_hour": cost["usd_per_hour"] * (1.0 - busy)},
+                  "metrics": _metrics(s)})
+    return c
+
+
+def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanResult:
+    from ..config import list_hardware
+    from ..metrics import parse_slo
+    from ..workload import load_workload
+    backend = backend or Backend()
+    base = spec.base
+    slo = parse_slo(base.slo)
+    if not slo:
+        raise ConfigError("plan needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
+    if base.offline or base.concurrency > 0:
+        raise ConfigError("plan sizes for an open-loop --rate; drop --offline / --concurrency")
+    if not 0 <= spec.margin < 1:
+        raise ConfigError(f"--margin must be in [0, 1), got {spec.margin}")
+    rate = base.rate
+    if spec.daily_rates:
+        rate = max(rate or 0.0, max(spec.daily_rates))
+    if rate is None:
+        rate = load_workload(base.workload).default_rate
+    if rate <= 0:
+        raise ConfigError(f"--rate must be > 0, got {rate}")
+    base = replace(base, rate=rate)
+    hardware = spec.hardware or tuple(list_hardware())
+    spec = replace(spec, hardware=hardware)
+    prompt, output = _lengths(base)
+    layouts = list(_layouts(spec))
+    candidates, tasks, meta = [], [], []
+    space = 0
+    for lay in layouts:
+        price = spec.prices.get(lay["hardware"], spec.default_price)
+        b = layout_bounds(lay, base, prompt, output, slo, spec.margin)
+        if b["status"] == "infeasible":
+            candidates.append({**lay, "status": "infeasible", "reason": b["reason"]})
+            continue
+        gpr = b["gpus_per_replica"]
+        price = b["usd_per_gpu_hour"] if price is None else price
+        r_max = min(spec.max_replicas, spec.max_gpus // gpr)
+        if spec.budget_usd_per_hour is not None and price * gpr > 0:
+            r_max = min(r_max, int(spec.budget_usd_per_hour // (price * gpr)))
+        space += max(r_max, 0)
+        if r_max < 1:
+            candidates.append({**lay, "status": "over_budget", "reason": f"one replica needs {gpr} GPUs "
+                               f"(${price * gpr:.2f}/h), beyond the GPU or $ budget"})
+            continue
+        b["r_min"] = replicas_lower_bound(rate, b["capacity_rps"])
+        if b["status"] == "pruned" and not spec.exhaustive:
+            candidates.append({**lay, "status": "pruned", "reason": b["reason"], **_floors(b)})
+            continue
+        if b["r_min"] > r_max and not spec.exhaustive:
+            candidates.append({**lay, "status": "pruned", "capacity_bound_rps_per_replica": b["capacity_rps"],
+                               "reason": f"needs >= {b['r_min']} replicas by the capacity bound "
+                                         f"({b['capacity_rps']:.2f} req/s each), budget allows {r_max}"})
+            continue
+        cfg = replace(base, price=price, replicas=1, **lay)
+        meta.append((lay, price, gpr, b, r_max))
+        tasks.append((cfg, 1 if spec.exhaustive else b["r_min"], r_max, spec.margin))
+    if spec.exhaustive:
+        flat = [(replace(c, replicas=r), m) for c, _, r_max, m in tasks for r in range(1, r_max + 1)]
+        sims = backend.map(point_task, flat, progress)
+        results, k = [], 0
+        for c, _, r_max, _ in tasks:
+            tried = sims[k:k + r_max]
+            k += r_max
+            ok = [t["replicas"] for t in tried if t["ok"]]
+            results.append({"best": min(ok) if ok else None, "tried": tried})
+    else:
+        results = backend.map(search_task, tasks, progress)
+    n_sims = sum(len(r["tried"]) for r in results)
+    meeting = []
+    for (lay, price, gpr, b, r_max), res in zip(meta, results):
+        by_r = {t["replicas"]: t for t in res["tried"]}
+        if res["best"] is not None:
+            c = _candidate(lay, price, gpr, by_r[res["best"]], b, len(res["tried"]))
+            c.update(status="meets_slo", reason="")
+            meeting.append((c, by_r))
+        else:
+            last = res["tried"][-1]
+            c = _candidate(lay, price, gpr, last if last["summary"] else None, b, len(res["tried"]))
+            c.update(status="misses_slo" if last["status"] == "ok" else last["status"],
+                     reason=f"at {last['replicas']} replicas: " + "; ".join(last["reasons"]),
+                     replicas=last["replicas"])
+        candidates.append(c)
+    order = {"meets_slo": 0, "misses_slo": 1, "pruned": 2, "over_budget": 3, "infeasible": 4, "error": 5}
+    candidates.sort(key=lambda c: (order.get(c["status"], 9), c.get("usd_per_hour") or math.inf,
+                                   c.get("num_gpus") or 0, -(c.get("headroom") or 0.0)))
+    best, n_extra = _choose(candidates, meeting, base, spec, backend)
+    why = None if best else why_not(candidates, rate)
+    if best and spec.daily_rates:
+        best["daily"], extra = daily_cost(best, base, spec, backend)
+        n_extra += extra
+    return PlanResult(best, candidates, why, n_sims + n_extra, space)
+
+
+def _floors(b):
+    return {k: v for k, v in b.items() if k.endswith("_floor_ms")}
+
+
+def _choose(candidates, meeting, base, spec, backend):
+    """The cheapest candidate that survives the honesty checks (another seed meets every SLO; one
+    replica fewer misses the planner's criterion -- searched downwards if it does not)."""
+    by_key = {id(c): by_r for c, by_r in meeting}
+    extra = 0
+    for c in candidates:
+        if c["status"] != "meets_slo":
+            continue
+        lay = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+        cfg = replace(base, price=c["usd_per_gpu_hour"], **lay)
+        by_r = by_key[id(c)]
+        r = c["replicas"]
+        while r > 1:                       # one fewer must fail; if it passes, the bound started too high
+            fewer = by_r.get(r - 1) or _sim(replace(cfg, replicas=r - 1), spec.margin)
+            extra += (r - 1) not in by_r
+            by_r[r - 1] = fewer
+            if not fewer["ok"]:
+                break
+            r -= 1
+        if r != c["replicas"]:
+            c.update(_candidate(lay, c["usd_per_gpu_hour"], c["num_gpus"] // c["replicas"], by_r[r],
+                                {"capacity_rps": c["capacity_bound_rps_per_replica"],
+                                 "r_min": c["replicas_lower_bound"]}, c["simulations"]))
+        other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
+        extra += 1
+        checks = {"other_seed": {"seed": base.seed + 1, "meets_slo": other["ok"], "reasons": other["reasons"]}}
+        if r > 1:
+            checks["one_replica_fewer"] = {"replicas": r - 1, "meets_slo": by_r[r - 1]["ok"],
+                                           "reasons": by_r[r - 1]["reasons"]}
+        c["checks"] = checks
+        if other["ok"]:
+            best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
+                                      "usd_per_million_output_tokens")}
+            best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
+                                           "usd_per_million_input_tokens", "headroom", "cost_split", "checks")})
+            best["margin"] = spec.margin
+            best["rate"] = base.rate
+            best["metrics"] = c["metrics"]
+            return best, extra
+        c["status"] = "fails_other_seed"
+        c["reason"] = f"seed {base.seed + 1}: " + "; ".join(other["reasons"])
+    return None, extra
+
+
+def why_not(candidates, rate) -> str:
+    sim = [c for c in candidates if c.get("headroom") is not None]
+    if sim:
+        c = max(sim, key=lambda c: c["headroom"])
+        return (f"no configuration meets the SLO at {rate:g} req/s; closest: {c['hardware']} {c['dtype']} "
+                f"TP={c['tp']} PP={c['pp']} x {c['replicas']} replicas ({c['num_gpus']} GPUs) {c['reason']}")
+    other = [c for c in candidates if c.get("reason")]
+    if not other:
+        return f"no configuration meets the SLO at {rate:g} req/s (nothing to search)"
+    counts = {}
+    for c in other:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    first = min(other, key=lambda c: {"pruned": 0, "misses_slo": 1, "over_budget": 2}.get(c["status"], 3))
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return (f"no configuration meets the SLO at {rate:g} req/s ({summary}); e.g. {first['hardware']} "
+            f"{first['dtype']} TP={first['tp']} PP={first['pp']}: {first['reason']}")
+
+
+def daily_cost(best, base, spec, backend):
+    """GPU-hours per day when the replica count follows the daily curve (equal slots over 24 h),
+    against holding the peak deployment all day."""
+    lay = {k: best[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+    gpr = best["num_gpus"] // best["replicas"]
+    cfg = replace(base, price=best["usd_per_gpu_hour"], **lay)
+    tasks = [(replace(cfg, rate=r), 1, best["replicas"], spec.margin) for r in spec.daily_rates]
+    res = backend.map(search_task, tasks)
+    hours = 24.0 / len(spec.daily_rates)
+    reps = [r["best"] if r["best"] is not None else best["replicas"] for r in res]
+    gpu_h = sum(n * gpr * hours for n in reps)
+    peak_h = best["replicas"] * gpr * 24.0
+    price = best["usd_per_gpu_hour"]
+    return ({"slot_hours": hours, "rates": list(spec.daily_rates), "replicas": reps, "gpu_hours_per_day": gpu_h,
+             "usd_per_day": gpu_h * price, "peak_gpu_hours_per_day": peak_h, "peak_usd_per_day": peak_h * price},
+            sum(len(r["tried"]) for r in res))

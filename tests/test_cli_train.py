@@ -1,0 +1,90 @@
+"""CliRunner tests for `servesim train` and `servesim compare`."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from servesim.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_train_table():
+    r = run("train", "--model", "llama-3.1-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--cp", "2",
+            "--vp", "5", "--sp", "--seq-len", "8192", "--global-batch", "128")
+    assert r.exit_code == 0, r.output
+    for word in ("step time", "tokens/s/GPU", "MFU", "HFU", "bottleneck", "pp_bubble", "memory per GPU"):
+        assert word in r.output
+
+
+def test_train_json_keys():
+    r = run("train", "--gpus", "8", "--global-batch", "64", "--format", "json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    for key in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "memory_gib_per_gpu",
+                "breakdown_s"):
+        assert key in d
+    assert set(d["memory_gib_per_gpu"]) >= {"parts", "total"}
+    assert d["tokens_per_s"] == pytest.approx(d["tokens_per_s_per_gpu"] * 8)
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--tp", "3"], "--tp 3"),
+    (["--pp", "5", "--gpus", "5"], "--pp 5"),
+    (["--gpus", "8", "--dp", "4"], "--gpus 8"),
+    (["--gpus", "12", "--tp", "8"], "--gpus 12"),
+    (["--model", "llama-3.1-70b", "--gpus", "8"], "GiB per GPU"),
+    (["--zero", "4"], "--zero"),
+    (["--gpus", "8,x"], "--gpus"),
+])
+def test_train_errors_are_one_line(args, option):
+    r = run("train", *args)
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output
+    assert option in r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servesim: error: ")
+
+
+def test_train_bad_choice_is_a_usage_error():
+    r = run("train", "--recompute", "some")
+    assert r.exit_code == 2 and "Traceback" not in r.output and "--recompute" in r.output
+
+
+def test_train_search_json():
+    r = run("train", "--model", "llama-3.1-8b", "--gpus", "16", "--search", "--top", "3", "--global-batch", "64",
+            "--format", "json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    times = [a["step_time_s"] for a in d["alternatives"]]
+    assert times == sorted(times) and len(times) <= 3
+    assert d["best"]["step_time_s"] == pytest.approx(times[0])
+
+
+def test_train_scaling_writes_figure(tmp_path):
+    r = run("train", "--gpus", "8,16,32", "--global-batch", "32", "--tp", "2", "--sp", "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "scaling_efficiency" in r.output
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+    assert (tmp_path / "scaling.csv").is_file()
+
+
+def test_compare_json(tmp_path):
+    r = run("compare", "--model", "llama-3.1-8b", "--hardware", "h100-sxm,a100-sxm-80gb", "--gpus", "64",
+            "--global-batch", "128", "--train-tokens", "1e12", "--rate", "2", "--num-requests", "100",
+            "--format", "json", "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert [row["hardware"] for row in d["rows"]] == ["h100-sxm", "a100-sxm-80gb"]
+    for row in d["rows"]:
+        assert row["train_usd"] > 0 and row["serve_usd_per_m_output"] > 0
+        assert row["break_even_output_tokens"] == pytest.approx(row["train_usd"] / row["serve_usd_per_m_output"] * 1e6)
+    assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+def test_help_has_examples():
+    for cmd in ("train", "compare"):
+        r = run(cmd, "--help")
+        assert r.exit_code == 0 and "Examples" in r.output
