@@ -14,7 +14,6 @@ experiments/results/costmodel_validation.md and the fitted values into the profi
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import sys
 import warnings
@@ -35,6 +34,7 @@ from servesim.calibrate.operators import (COLLECTIVE_PARAMS, GEMM_OPS, GEMM_PARA
                                           profile_params, read_vidur_mlp, read_vidur_network)
 from servesim.calibrate import vidur_dir  # noqa: E402
 from servesim.config import load_hardware  # noqa: E402
+from servesim.calibrate.profile_io import DECIMALS, update_profile  # noqa: E402
 
 GPUS = {"a100-sxm-80gb": "a100", "h100-sxm": "h100"}
 FIT_ORG = "meta-llama"
@@ -44,10 +44,6 @@ FIT_SOURCE = ("experiments/fit_costmodel.py on Vidur per-operator timings (MIT):
 REPORT = REPO / "experiments" / "results" / "costmodel_validation.md"
 CLASS_ORDER = ["gemm_qkv", "gemm_attn_out", "gemm_mlp_up", "gemm_mlp_down", "elementwise", "all_reduce",
                "send_recv"]
-DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_fraction": 3,
-            "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
-            "elementwise_hbm_fraction": 3}
-
 
 # -- data copy ----------------------------------------------------------------------------------
 
@@ -69,48 +65,6 @@ def refresh_data(src: Path) -> None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, out)
     shutil.copyfile(src / "LICENSE", dst / "LICENSE")
-
-
-# -- profile update -----------------------------------------------------------------------------
-
-def _fmt(key: str, value: float) -> str:
-    return f"{value:.{DECIMALS[key]}f}"
-
-
-def update_profile(path: Path, values: dict, fit_source: str) -> str:
-    """Rewrite the numeric values of ``values``' keys and the fit_source line inside [efficiency],
-    keeping key order, comments and the comment column. Returns the new text."""
-    text = path.read_text()
-    start = re.search(r"^\[efficiency\][^\n]*\n", text, flags=re.M)
-    if start is None:
-        raise SystemExit(f"{path}: no [efficiency] table")
-    nxt = re.search(r"^\[", text[start.end():], flags=re.M)
-    end = start.end() + (nxt.start() if nxt else len(text) - start.end())
-    block = text[start.end():end]
-    for key, value in values.items():
-        pat = re.compile(rf"^({re.escape(key)}\s*=\s*)([-+0-9.eE]+)([ \t]*)(#[^\n]*)?$", flags=re.M)
-        m = pat.search(block)
-        if m is None:
-            raise SystemExit(f"{path}: [efficiency] has no numeric line for {key}")
-        new = _fmt(key, value)
-        pad = m.group(3)
-        if m.group(4):
-            width = len(m.group(2)) + len(pad)
-            pad = " " * max(1, width - len(new))
-        block = block[:m.start()] + m.group(1) + new + pad + (m.group(4) or "") + block[m.end():]
-    if '"' in fit_source or "\\" in fit_source:
-        raise SystemExit("fit_source must not contain quotes or backslashes")
-    found = re.findall(r'^fit_source\s*=\s*"([^"\n]*)"', block, flags=re.M)
-    if len(found) != 1:
-        raise SystemExit(f"{path}: [efficiency] needs exactly one fit_source line, found {len(found)}")
-    # Other fits append their own "; ..." notes to fit_source (e.g. the serving validation): keep them.
-    current = found[0]
-    if fit_source in current:
-        fit_source = current
-    elif not current.startswith("initial values"):
-        fit_source = f"{fit_source}; {current}"
-    block = re.sub(r'^fit_source\s*=\s*"[^"\n]*"', lambda _: f'fit_source = "{fit_source}"', block, flags=re.M)
-    return text[:start.end()] + block + text[end:]
 
 
 # -- loading ------------------------------------------------------------------------------------

@@ -229,6 +229,13 @@ from .cli_train import compare, train  # noqa: E402
 main.add_command(train)
 main.add_command(compare)
 
+from .cli_report import report  # noqa: E402
+main.add_command(report)
+
+from .cli_calibrate import calibrate, validate  # noqa: E402
+main.add_command(calibrate)
+main.add_command(validate)
+
 
 if __name__ == "__main__":
     main()

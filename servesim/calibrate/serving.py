@@ -81,8 +81,10 @@ def setup_of(row) -> dict:
     """SimConfig options that reproduce one published row."""
     dtype, kv = precision(row.precision)
     isl, osl = int(row.isl), int(row.osl)
-    opts = dict(model=MODELS[row.model], hardware=hardware_name(row.hardware), tp=int(row.tp), pp=int(row.pp),
-                dtype=dtype, kv_dtype=kv, engine="trtllm", isl=isl, osl=osl, seed=0)
+    # Rows may name a servesim model directly (vLLM benchmark JSON read by servesim calibrate) and a vLLM engine.
+    engine = "vllm" if str(getattr(row, "engine", "")).lower().startswith("vllm") else "trtllm"
+    opts = dict(model=MODELS.get(row.model, row.model), hardware=hardware_name(row.hardware), tp=int(row.tp),
+                pp=int(row.pp), dtype=dtype, kv_dtype=kv, engine=engine, isl=isl, osl=osl, seed=0)
     kind = row.load_kind
     if kind == "static_batch":
         batch = int(row.load_value)
@@ -93,7 +95,8 @@ def setup_of(row) -> dict:
         opts.update(offline=True, gpu_memory_utilization=0.95, num_requests=3000 if osl <= 256 else 1500)
     elif kind == "request_rate":
         rate = float(row.load_value)
-        opts.update(num_requests=500)
+        n = float(getattr(row, "num_requests", float("nan")))
+        opts.update(num_requests=int(n) if n >= 1 else 500)
         if math.isinf(rate):
             opts.update(offline=True)
         else:
@@ -161,8 +164,10 @@ def error_table(pred: pd.DataFrame, by=("split", "hardware", "metric")) -> pd.Da
                          "p90_rel_error": g.quantile(0.9)}).reset_index()
 
 
-def fit_engine(df: pd.DataFrame, hardware: str, start: dict) -> tuple[dict, pd.DataFrame]:
-    """Least-squares fit of FIT_KEYS on log(pred/measured) for one hardware profile's rows."""
+def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None = None) -> tuple[dict, pd.DataFrame]:
+    """Least-squares fit of FIT_KEYS on log(pred/measured) for one hardware profile's rows.
+
+    ``base``: other Efficiency fields (SI) held fixed during the fit (e.g. freshly fitted GEMM values)."""
     from scipy.optimize import least_squares
 
     rows = df[df.hardware.map(hardware_name) == hardware]
@@ -176,7 +181,7 @@ def fit_engine(df: pd.DataFrame, hardware: str, start: dict) -> tuple[dict, pd.D
     x0 = np.clip(np.array([start[k] for k in FIT_KEYS]) / scale, lo + 1e-9, hi - 1e-9)
 
     def residuals(x):
-        over = {hardware: dict(zip(FIT_KEYS, (x * scale).tolist()))}
+        over = {hardware: {**(base or {}), **dict(zip(FIT_KEYS, (x * scale).tolist()))}}
         pr = predict(rows, over)
         r = np.log(np.maximum(pr.predicted.to_numpy(), 1e-12) / pr.value.to_numpy())
         return np.nan_to_num(r, nan=5.0)
@@ -187,4 +192,4 @@ def fit_engine(df: pd.DataFrame, hardware: str, start: dict) -> tuple[dict, pd.D
         if v <= a * (1 + 1e-3) or v >= b * (1 - 1e-3):
             warnings.warn(f"fit for {hardware}: {k} sits at its bound ({v * scale[FIT_KEYS.index(k)]:.4g}); "
                           f"the data do not pin it down")
-    return fitted, predict(rows, {hardware: fitted})
+    return fitted, predict(rows, {hardware: {**(base or {}), **fitted}})

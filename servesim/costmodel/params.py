@@ -108,7 +108,9 @@ def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float =
         hint = "; use more pipeline stages (--pp) or a smaller --dtype"
     raise InfeasibleError(
         f"{model.name} {layout.dtype} needs {w / GiB:.1f} GiB of weights per GPU at TP={layout.tp} PP={layout.pp}; "
-        f"{hw.name} holds {hw.hbm_bytes / GiB:.1f} GiB{hint}")
+        f"{hw.name} holds {hw.hbm_bytes / GiB:.1f} GiB" +
+        (f" ({cap / GiB:.1f} GiB at --gpu-memory-utilization {gpu_memory_utilization:g})"
+         if gpu_memory_utilization < 1.0 else "") + hint)
 
 
 def _arr(xs):

@@ -1,0 +1,707 @@
+"""`servesim calibrate`: fit a hardware profile's efficiencies to a user's measurements, write a new profile.
+
+Inputs (any mix; at least one):
+
+- **per-operator timings** (``--operators``, files or folders, searched recursively):
+
+  * the Vidur layout: ``mlp.csv`` (``.../<gpu>/<org>/<model>/mlp.csv``, times in ms; read by
+    ``operators.read_vidur_mlp``), ``all_reduce.csv`` and ``send_recv.csv`` (``.../<system>/``, read by
+    ``operators.read_vidur_network``; only rows inside one node are used);
+  * the native format, any other ``*.csv`` with an ``op`` column, one measurement per row (what
+    ``experiments/measure/`` writes; empty cells where a column does not apply)::
+
+        op,m,k,n,dtype,bytes,gpus,time_us
+        gemm,128,4096,4096,bf16,,,31.2         # C[m,n] = A[m,k] B[k,n]; dtype bf16/fp16 (others skipped)
+        allreduce,,,,,16777216,8,95.0          # bytes = message size per GPU; gpus = group size
+        sendrecv,,,,,16777216,2,60.0           # point-to-point, bytes sent
+        copy,,,,,1073741824,,700.0             # device-to-device copy of `bytes` (HBM traffic 2 x bytes)
+
+    ``time_us`` is the median time of one call in microseconds. Optional columns: ``model`` (the
+    group held out in the leave-one-group-out check; default the GEMM's ``k x n``), ``gpu``. Rows with
+    any other ``op`` (e.g. attention) are skipped with a warning.
+- **end-to-end serving results** (``--serving``): the shipped CSV layout
+  (``servesim/calibrate/data/inference_published_calibration.csv``) or the JSON that vLLM's
+  ``benchmarks/benchmark_serving.py --save-result`` writes (model / TP / hardware from CLI options);
+- **training step times** (``--training``): the shipped training CSV layout
+  (``servesim/calibrate/data/training_published_calibration.csv``).
+
+What is fitted, each with ``scipy.optimize.least_squares`` on log(pred / measured) inside physical
+bounds, by the fit functions of ``operators``, ``serving`` and ``training`` (not re-derived here):
+GEMM (``gemm_max``, ``gemm_half_tokens``, ``kernel_latency_us``, ``hbm_fraction``), elementwise /
+copy (``elementwise_hbm_fraction``), scale-up collectives (``scaleup_bw_fraction``,
+``scaleup_latency_us``, ``collective_base_latency_us``), engine (``iteration_overhead_us``,
+``per_seq_overhead_us``, ``attn_decode_hbm_fraction``, with the operator-fitted values held fixed) and
+training (``compute_scale``, ``overlap``: not profile keys, reported only).
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servesim.calibrate import operators as ops
+from servesim.calibrate import serving as srv
+from servesim.calibrate.profile_io import EFFICIENCY_FILE_KEYS, derived_profile
+from servesim.errors import ConfigError
+
+PLAUSIBLE_OVER_PEAK = 1.2    # a measurement faster than 1.2 x the datasheet peak is a unit error
+IMPLAUSIBLE_LOG_RES = math.log(3.0)  # median |log(pred/meas)| beyond this with a parameter at a bound
+UNIDENTIFIED = 0.01          # full-range change of a parameter moves the rms prediction < 1%
+NATIVE_OPS = {"gemm": "gemm", "allreduce": "all_reduce", "all_reduce": "all_reduce",
+              "sendrecv": "send_recv", "send_recv": "send_recv", "copy": "copy"}
+NATIVE_NEED = {"gemm": ("m", "k", "n", "dtype"), "all_reduce": ("bytes", "gpus"), "send_recv": ("bytes",),
+               "copy": ("bytes",)}
+GEMM_DTYPES = ("bf16", "fp16", "bfloat16", "float16", "half")
+TRAINING_COLUMNS = ("framework", "model", "hardware", "num_gpus", "tp", "pp", "dp", "cp", "vp", "zero_or_fsdp",
+                    "recompute", "precision", "seq_len", "micro_batch", "global_batch", "metric", "value")
+VLLM_METRICS = {"mean_ttft_ms": "ttft_ms_mean", "mean_itl_ms": "itl_ms_mean",
+                "request_throughput": "achieved_request_throughput", "output_throughput": "total_output_tokens_per_s"}
+_SERVING_FILE = {k: (f, m) for f, (k, m) in EFFICIENCY_FILE_KEYS.items() if k in srv.FIT_KEYS}
+_SERVING_BOUNDS = {"iteration_overhead_s": (1e-5, 0.02), "per_seq_overhead_s": (0.0, 2e-4),
+                   "attn_decode_hbm_fraction": (0.05, 1.0)}  # as servesim.calibrate.serving._BOUNDS
+
+
+@dataclass
+class OperatorData:
+    gemm: list = field(default_factory=list)         # frames: op_class gemm_*, m, k, n, time_s, group, source
+    elementwise: list = field(default_factory=list)  # Vidur elementwise_frame + group, source
+    copy: list = field(default_factory=list)         # nbytes, time_s, group, source
+    collectives: list = field(default_factory=list)  # collective, nbytes, num_workers, time_s, group, source
+    skipped: list = field(default_factory=list)      # messages
+    files: list = field(default_factory=list)
+
+
+@dataclass
+class FitResult:
+    profile: str                 # base profile name
+    base_path: str               # base profile file
+    values: dict                 # fitted [efficiency] values, file units
+    base_values: dict            # the base profile's values of the same keys
+    residuals: pd.DataFrame      # kind, group, label, source, measured, predicted, rel_error
+    holdout: pd.DataFrame        # kind, held_out, n, median_rel_err, p90_rel_err
+    warnings: list
+    notes: list
+    inputs: list
+    training_fit: dict | None = None
+
+
+def _show(path) -> str:
+    return ops._show(path)
+
+
+# -- readers --------------------------------------------------------------------------------------
+
+def _csv_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*.csv") if p.is_file())
+    if not path.is_file():
+        raise ConfigError(f"{_show(path)}: no such file or folder")
+    return [path]
+
+
+def read_native(path) -> tuple[dict, list]:
+    """A native per-operator CSV (format in the module docstring) -> {kind: frame}, skipped-row messages."""
+    path = Path(path)
+    try:
+        raw = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{_show(path)}: not a readable CSV ({exc})") from None
+    missing = [c for c in ("op", "time_us") if c not in raw.columns]
+    if missing:
+        raise ConfigError(f"{_show(path)}: missing required column(s) {', '.join(missing)}; a native operator "
+                          f"CSV has op,m,k,n,dtype,bytes,gpus,time_us (see servesim calibrate --help)")
+    kind = raw["op"].astype(str).str.strip().str.lower().map(NATIVE_OPS)
+    skipped = []
+    unknown = raw.loc[kind.isna(), "op"].astype(str).unique()
+    if len(unknown):
+        skipped.append(f"{_show(path)}: skipped {int(kind.isna().sum())} row(s) with op {', '.join(unknown)} "
+                       f"(not fitted; known: gemm, allreduce, sendrecv, copy)")
+    out = {}
+    for k in ("gemm", "all_reduce", "send_recv", "copy"):
+        sub = raw[kind == k]
+        if sub.empty:
+            continue
+        need = NATIVE_NEED[k] + ("time_us",)
+        lacking = [c for c in need if c not in sub.columns or sub[c].isna().any()]
+        if lacking:
+            raise ConfigError(f"{_show(path)}: op={k} rows need column(s) {', '.join(lacking)} filled")
+        num = {}
+        for c in need:
+            if c == "dtype":
+                continue
+            v = pd.to_numeric(sub[c], errors="coerce")
+            if v.isna().any() or (v <= 0).any():
+                bad = sub[c][v.isna() | (v <= 0)].iloc[0]
+                raise ConfigError(f"{_show(path)}: column {c} must be a positive number, got {bad!r}")
+            num[c] = v.to_numpy(np.float64)
+        t = num["time_us"] * 1e-6
+        group = sub["model"].astype(str).to_numpy() if "model" in sub.columns else None
+        if k == "gemm":
+            dtype = sub["dtype"].astype(str).str.strip().str.lower()
+            keep = dtype.isin(GEMM_DTYPES).to_numpy()
+            if (~keep).any():
+                skipped.append(f"{_show(path)}: skipped {int((~keep).sum())} GEMM row(s) with dtype "
+                               f"{', '.join(dtype[~keep].unique())} (the profile's GEMM curve is fitted at 16 bits)")
+            m, kk, n = num["m"], num["k"], num["n"]
+            g = group if group is not None else np.array([f"k{int(a)}xn{int(b)}" for a, b in zip(kk, n)])
+            out[k] = pd.DataFrame({"op_class": "gemm_native", "m": m, "k": kk, "n": n, "time_s": t,
+                                   "group": g, "source": _show(path)})[keep]
+        elif k == "copy":
+            out[k] = pd.DataFrame({"nbytes": num["bytes"], "time_s": t, "source": _show(path),
+                                   "group": group if group is not None else "copy"})
+        else:
+            workers = num["gpus"] if k == "all_reduce" else np.full(len(sub), 2.0)
+            out[k] = pd.DataFrame({"collective": k, "op_class": k, "nbytes": num["bytes"], "num_workers": workers,
+                                   "time_s": t, "source": _show(path),
+                                   "group": [f"{int(w)} GPUs" for w in workers]})
+    if not out and not skipped:
+        raise ConfigError(f"{_show(path)}: no rows")
+    return out, skipped
+
+
+def read_operator_inputs(paths) -> OperatorData:
+    """Every Vidur or native per-operator CSV under ``paths`` (files or folders)."""
+    data = OperatorData()
+    for p in paths:
+        for f in _csv_files(Path(p)):
+            data.files.append(_show(f))
+            if f.name == "mlp.csv":
+                mlp = ops.read_vidur_mlp(f)
+                gemm = mlp[mlp["op_class"].str.startswith("gemm_")].copy()
+                gemm["group"], gemm["source"] = gemm["model"], _show(f)
+                data.gemm.append(gemm)
+                elem = ops.elementwise_frame(mlp)
+                elem["group"], elem["source"] = elem["model"], _show(f)
+                data.elementwise.append(elem)
+            elif f.name in ("all_reduce.csv", "send_recv.csv"):
+                net = ops.read_vidur_network(f)
+                net = net[net["intra_node"]].copy()
+                net["group"] = [f"{w} GPUs" for w in net["num_workers"]]
+                net["source"] = _show(f)
+                data.collectives.append(net)
+            else:
+                frames, skipped = read_native(f)
+                data.skipped += skipped
+                data.gemm += [frames["gemm"]] if "gemm" in frames else []
+                data.copy += [frames["copy"]] if "copy" in frames else []
+                data.collectives += [frames[k] for k in ("all_reduce", "send_recv") if k in frames]
+    if not data.files:
+        raise ConfigError(f"--operators {', '.join(map(str, paths))}: no .csv files found")
+    gpus = sorted({g for fr in data.gemm if "gpu" in fr for g in fr["gpu"].unique()})
+    if len(gpus) > 1:
+        raise ConfigError(f"--operators: timings of several GPUs ({', '.join(gpus)}); pass the files of one GPU")
+    return data
+
+
+def read_vllm_json(path, model: str | None, tp: int, hardware: str, precision: str = "BF16") -> pd.DataFrame:
+    """One vLLM ``benchmark_serving.py`` result JSON -> rows in the shipped serving CSV layout
+    (load_kind ``request_rate``; metrics mean TTFT, mean ITL, request and output throughput).
+    ISL / OSL are the mean input / output lengths (the simulator replays fixed lengths)."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{_show(path)}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{_show(path)}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{_show(path)}: expected a JSON object as benchmark_serving.py writes")
+    if not model:
+        raise ConfigError(f"{_show(path)}: give --model (a servesim model name) for a vLLM benchmark JSON")
+    completed = d.get("completed")
+    if not isinstance(completed, (int, float)) or completed < 1:
+        raise ConfigError(f"{_show(path)}: key 'completed' (number of finished requests) missing or < 1")
+
+    def mean_len(lens_key, total_key):
+        if isinstance(d.get(lens_key), list) and d[lens_key]:
+            return float(np.mean(d[lens_key]))
+        if isinstance(d.get(total_key), (int, float)):
+            return float(d[total_key]) / completed
+        raise ConfigError(f"{_show(path)}: needs '{lens_key}' or '{total_key}' for the request lengths")
+
+    isl, osl = mean_len("input_lens", "total_input_tokens"), mean_len("output_lens", "total_output_tokens")
+    rate = d.get("request_rate", float("inf"))
+    try:
+        rate = float(rate)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{_show(path)}: request_rate must be a number or 'inf', got {rate!r}") from None
+    metrics = {VLLM_METRICS[k]: float(d[k]) for k in VLLM_METRICS if isinstance(d.get(k), (int, float))}
+    if not metrics:
+        raise ConfigError(f"{_show(path)}: none of the metric keys {', '.join(VLLM_METRICS)} present")
+    rows = [{"source": _show(path), "engine": "vLLM", "engine_version": str(d.get("vllm_version", "")),
+             "model": model, "hardware": hardware, "num_gpus": tp, "tp": tp, "pp": 1, "precision": precision,
+             "isl": max(1, round(isl)), "osl": max(1, round(osl)), "load_kind": "request_rate", "load_value": rate,
+             "metric": m, "value": v, "num_requests": int(completed)} for m, v in metrics.items()]
+    return pd.DataFrame(rows)
+
+
+def read_serving_inputs(paths, model, tp, hardware, precision) -> pd.DataFrame:
+    frames = []
+    for p in paths:
+        p = Path(p)
+        if p.suffix.lower() == ".json":
+            frames.append(read_vllm_json(p, model, tp, hardware, precision))
+        else:
+            df = srv.load_published(p)
+            df["source"] = _show(p)
+            frames.append(df)
+    df = pd.concat(frames, ignore_index=True)
+    df["row"] = np.arange(len(df))
+    return df
+
+
+def read_training_inputs(path):
+    from servesim.calibrate import training as trn
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{_show(path)}: file not found")
+    head = pd.read_csv(path, nrows=0)
+    missing = [c for c in TRAINING_COLUMNS if c not in head.columns]
+    if missing:
+        raise ConfigError(f"{_show(path)}: missing required column(s) {', '.join(missing)}; expected the layout "
+                          f"of servesim/calibrate/data/training_published_calibration.csv")
+    cases, _ = trn.load_cases(path)
+    return cases
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+def _at_bound(values: dict, bounds: dict) -> list[str]:
+    out = []
+    for k, v in values.items():
+        lo, hi = bounds[k]
+        tol = 1e-3 * (hi - lo)
+        if v - lo <= tol or hi - v <= tol:
+            out.append(k)
+    return out
+
+
+def _sensitivity(pred_fn, values: dict, bounds: dict) -> dict:
+    """rms d log(pred) per full-range change of each parameter (finite difference at the solution)."""
+    base = np.log(np.maximum(pred_fn(values), 1e-30))
+    out = {}
+    for k, v in values.items():
+        lo, hi = bounds[k]
+        step = 1e-3 * (hi - lo)
+        trial = dict(values)
+        trial[k] = v + step if v + step <= hi else v - step
+        d = (np.log(np.maximum(pred_fn(trial), 1e-30)) - base) / (abs(trial[k] - v) / (hi - lo))
+        out[k] = float(np.sqrt(np.nanmean(d ** 2)))
+    return out
+
+
+def _unit_check(what: str, fitted: dict, bounds: dict, pred, meas, hint_slow: str, hint_fast: str) -> None:
+    """Parameters at a bound with a huge median miss: the data are in other units than the header says."""
+    log_res = np.log(np.asarray(pred) / np.asarray(meas))
+    med = float(np.nanmedian(np.abs(log_res)))
+    stuck = _at_bound(fitted, bounds)
+    if stuck and med > IMPLAUSIBLE_LOG_RES:
+        hint = hint_slow if np.nanmedian(log_res) < 0 else hint_fast
+        raise ConfigError(f"{what}: fit is implausible ({', '.join(stuck)} at a bound, predictions a median "
+                          f"{math.exp(med):.0f}x off the measurements); {hint}; no profile written")
+
+
+def _faster_than(what: str, achieved: np.ndarray, limit: float, unit_hint: str) -> None:
+    ratio = float(np.nanmax(achieved / limit)) if len(achieved) else 0.0
+    if ratio > PLAUSIBLE_OVER_PEAK:
+        raise ConfigError(f"{what}: measurements run up to {ratio:.3g}x the datasheet limit; {unit_hint}; "
+                          f"no profile written")
+
+
+# -- fits -----------------------------------------------------------------------------------------
+
+def _quiet(fn, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args)
+
+
+def _capture(fn, *args):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args)
+    return out, [str(w.message) for w in caught]
+
+
+def _holdout(kind: str, frame: pd.DataFrame, refit, predict) -> list[dict]:
+    groups = list(dict.fromkeys(frame["group"].astype(str)))
+    if len(groups) < 2:
+        return []
+    rows = []
+    for g in groups:
+        held = frame["group"].astype(str) == g
+        try:
+            params = _quiet(refit, frame[~held])
+        except ConfigError as e:
+            rows.append({"kind": kind, "held_out": g, "n": int(held.sum()), "median_rel_err": np.nan,
+                         "p90_rel_err": np.nan, "note": str(e)})
+            continue
+        err = np.abs(predict(frame[held], params) / frame[held]["time_s"].to_numpy() - 1.0)
+        rows.append({"kind": kind, "held_out": g, "n": int(held.sum()), "median_rel_err": float(np.median(err)),
+                     "p90_rel_err": float(np.quantile(err, 0.9)), "note": ""})
+    return rows
+
+
+def _residual_rows(kind, frame, pred, label_cols) -> pd.DataFrame:
+    label = frame[label_cols].astype(str).agg(" ".join, axis=1) if label_cols else ""
+    return pd.DataFrame({"kind": kind, "group": frame["group"].astype(str).to_numpy(), "label": label,
+                         "source": frame["source"].to_numpy(), "measured": frame["time_s"].to_numpy(),
+                         "predicted": pred, "rel_error": pred / frame["time_s"].to_numpy() - 1.0})
+
+
+def _check_fit(kind, fitted, bounds, pred_fn, warn, what_unit_slow, what_unit_fast, pred, meas):
+    _unit_check(kind, fitted, bounds, pred, meas, what_unit_slow, what_unit_fast)
+    for k, s in _sensitivity(pred_fn, fitted, bounds).items():
+        if s < UNIDENTIFIED:
+            warn.append(f"{kind}: the data cannot identify {k} (moving it across its whole range changes the "
+                        f"predictions by {100 * s:.2g}% rms); it is a guess, not a fit")
+
+
+def fit_operators(data: OperatorData, hw, holdout: bool = True):
+    """Fitted values (file units), residual frame, hold-out rows, warnings."""
+    values, res, hold, warn = {}, [], [], list(data.skipped)
+    params = ops.profile_params(hw)
+    peak, bw = hw.peak_flops["fp16"], hw.hbm_bw
+    if data.gemm:
+        g = pd.concat(data.gemm, ignore_index=True)
+        g = g[np.isfinite(g["time_s"]) & (g["time_s"] > 0) & (g["m"] >= 1)].reset_index(drop=True)
+        _faster_than("GEMM rows", 2.0 * g["m"] * g["k"] * g["n"] / g["time_s"], peak,
+                     "a GEMM cannot beat the fp16 peak: the times look 1000x too small (milliseconds written "
+                     "as time_us?)")
+        fitted, w = _capture(ops.fit_gemm, g, hw)
+        warn += w
+
+        def pred_g(p, frame=g):
+            return ops.predict_gemm(frame, hw, {**params, **p})
+
+        _check_fit("GEMM", fitted, ops.BOUNDS, pred_g, warn, "the times look 1000x too large (nanoseconds "
+                   "written as time_us?)", "the times look 1000x too small (milliseconds written as time_us?)",
+                   pred_g(fitted), g["time_s"].to_numpy())
+        values.update(fitted)
+        res.append(_residual_rows("gemm", g, pred_g(fitted), ["op_class", "m", "k", "n"]))
+        if holdout:
+            hold += _holdout("gemm", g, lambda f: ops.fit_gemm(f, hw), lambda f, p: pred_g(p, f))
+    lat = {**params, **values}
+    if data.elementwise or data.copy:
+        fitted, w, pred_e = _fit_memory(data, hw, lat, warn, res, hold, holdout)
+        values.update(fitted)
+    if data.collectives:
+        c = pd.concat(data.collectives, ignore_index=True)
+        c = c[np.isfinite(c["time_s"]) & (c["time_s"] > 0)].reset_index(drop=True)
+        n = c["num_workers"].to_numpy(np.float64)
+        busbw = np.where(c["collective"] == "all_reduce", 2.0 * (n - 1) / n, 1.0) * c["nbytes"] / c["time_s"]
+        _faster_than("collective rows", busbw.to_numpy(), hw.scaleup_bw,
+                     "no collective beats the scale-up link: bytes look 1000x too large or time_us 1000x too small")
+        fitted, w = _capture(ops.fit_collectives, c, hw)
+        warn += w
+
+        def pred_c(p, frame=c):
+            return ops.predict_collectives(frame, hw, {**params, **p})
+
+        _check_fit("collectives", fitted, ops.BOUNDS, pred_c, warn, "the times look 1000x too large "
+                   "(nanoseconds?) or bytes 1000x too small (KB?)", "the times look 1000x too small "
+                   "(milliseconds?) or bytes 1000x too large", pred_c(fitted), c["time_s"].to_numpy())
+        values.update(fitted)
+        res.append(_residual_rows("collective", c, pred_c(fitted), ["collective", "num_workers", "nbytes"]))
+        if holdout:
+            hold += _holdout("collective", c, lambda f: ops.fit_collectives(f, hw), lambda f, p: pred_c(p, f))
+    return values, res, hold, warn
+
+
+def _fit_memory(data: OperatorData, hw, params: dict, warn, res, hold, holdout):
+    """elementwise_hbm_fraction from Vidur elementwise rows (4 kernels of the cost model per layer) and
+    native copy rows (one kernel moving 2 x bytes), jointly, with the GEMM-fitted kernel latency."""
+    parts = []
+    if data.elementwise:
+        e = pd.concat(data.elementwise, ignore_index=True)
+        parts.append(pd.DataFrame({"nbytes": ops.elementwise_bytes(e), "kernels": ops.ELEMENTWISE_KERNELS,
+                                   "time_s": e["time_s"].to_numpy(), "group": e["group"].to_numpy(),
+                                   "source": e["source"].to_numpy(), "what": "elementwise",
+                                   "tokens": e["num_tokens"].to_numpy()}))
+    if data.copy:
+        c = pd.concat(data.copy, ignore_index=True)
+        parts.append(pd.DataFrame({"nbytes": 2.0 * c["nbytes"].to_numpy(), "kernels": 1.0,
+                                   "time_s": c["time_s"].to_numpy(), "group": c["group"].to_numpy(),
+                                   "source": c["source"].to_numpy(), "what": "copy", "tokens": np.nan}))
+    m = pd.concat(parts, ignore_index=True)
+    m = m[np.isfinite(m["time_s"]) & (m["time_s"] > 0)].reset_index(drop=True)
+    _faster_than("copy / elementwise rows", (m["nbytes"] / m["time_s"]).to_numpy(), hw.hbm_bw,
+                 "nothing streams faster than HBM: bytes look 1000x too large or time_us 1000x too small")
+    latency_s = params["kernel_latency_us"] * 1e-6
+    names = ops.ELEMENTWISE_PARAMS
+
+    def pred(p, frame=m):
+        t = ops._memory_times_nb(frame["nbytes"].to_numpy(np.float64), hw.hbm_bw, p["elementwise_hbm_fraction"], 0.0)
+        return t + frame["kernels"].to_numpy() * latency_s
+
+    def fit(frame):
+        log_meas = np.log(frame["time_s"].to_numpy(np.float64))
+        x0s = [[params["elementwise_hbm_fraction"]], [0.3], [0.8]]
+        return ops._fit(names, lambda x: np.log(pred({names[0]: x[0]}, frame)) - log_meas, x0s, len(frame),
+                        f"fit_memory({hw.name})")
+
+    fitted, w = _capture(fit, m)
+    warn += w
+    _check_fit("copy / elementwise", fitted, ops.BOUNDS, pred, warn, "the times look 1000x too large "
+               "(nanoseconds?)", "the times look 1000x too small (milliseconds?)", pred(fitted), m["time_s"].to_numpy())
+    res.append(_residual_rows("memory", m, pred(fitted), ["what", "nbytes"]))
+    if holdout:
+        hold += _holdout("memory", m, fit, lambda f, p: pred(p, f))
+    return fitted, w, pred
+
+
+def _serving_base(hw, values: dict) -> dict:
+    """Efficiency fields (SI) held fixed in the engine fit: the base profile's, with operator fits applied."""
+    e = hw.efficiency
+    base = {f: getattr(e, f) for f, _ in EFFICIENCY_FILE_KEYS.values() if f not in srv.FIT_KEYS}
+    for key, v in values.items():
+        f, mult = EFFICIENCY_FILE_KEYS[key]
+        base[f] = v / mult
+    return base
+
+
+def fit_serving_rows(df: pd.DataFrame, hw, values: dict, holdout: bool = True):
+    warn = []
+    try:
+        names = df["hardware"].map(srv.hardware_name)
+    except ConfigError as e:
+        raise ConfigError(f"--serving: {e}") from None
+    if hw.name not in ("h100-sxm", "a100-sxm-80gb", "h200-sxm"):
+        raise ConfigError(f"--serving: end-to-end rows are simulated on the shipped h100-sxm, a100-sxm-80gb or "
+                          f"h200-sxm profile; {hw.name!r} is none of them")
+    other = names != hw.name
+    if other.any():
+        warn.append(f"serving: skipped {int(other.sum())} row(s) measured on {', '.join(sorted(set(names[other])))} "
+                    f"(base profile is {hw.name})")
+    rows = df[~other].reset_index(drop=True)
+    base = _serving_base(hw, values)
+    start = {k: getattr(hw.efficiency, k) for k in srv.FIT_KEYS}
+    (fitted, pred), w = _capture(srv.fit_engine, rows, hw.name, start, base)
+    warn += w
+    ok = pred.dropna(subset=["predicted"])
+    if ok.empty:
+        raise ConfigError("serving: no row could be simulated (every setup infeasible); no profile written")
+
+    def pred_fn(p):
+        return srv.predict(ok, {hw.name: {**base, **p}}).predicted.to_numpy()
+
+    _check_fit("serving", fitted, _SERVING_BOUNDS, pred_fn, warn, "the measurements look 1000x too large "
+               "(TTFT/ITL in microseconds, or throughput per ms?)", "the measurements look 1000x too small "
+               "(TTFT/ITL in seconds rather than ms?)", ok.predicted.to_numpy(), ok.value.to_numpy())
+    group_col = "model" if rows["model"].nunique() > 1 else "tp"
+    r = pd.DataFrame({"kind": "serving", "group": ok[group_col].astype(str), "label": ok["metric"] + " " +
+                      ok["model"].astype(str) + " tp" + ok["tp"].astype(str) + " isl" + ok["isl"].astype(str) +
+                      " osl" + ok["osl"].astype(str) + " " + ok["load_kind"] + "=" + ok["load_value"].astype(str),
+                      "source": ok["source"], "measured": ok["value"], "predicted": ok["predicted"],
+                      "rel_error": ok["rel_error"]})
+    hold = []
+    groups = list(dict.fromkeys(rows[group_col].astype(str)))
+    if holdout and len(groups) > 1:
+        for g in groups:
+            held = rows[group_col].astype(str) == g
+            try:
+                f, _ = _quiet(srv.fit_engine, rows[~held], hw.name, start, base)
+            except ConfigError as e:
+                hold.append({"kind": "serving", "held_out": f"{group_col} {g}", "n": int(held.sum()),
+                             "median_rel_err": np.nan, "p90_rel_err": np.nan, "note": str(e)})
+                continue
+            err = srv.predict(rows[held], {hw.name: {**base, **f}}).rel_error.abs().dropna()
+            hold.append({"kind": "serving", "held_out": f"{group_col} {g}", "n": int(err.size),
+                         "median_rel_err": float(err.median()), "p90_rel_err": float(err.quantile(0.9)), "note": ""})
+    file_values = {_SERVING_FILE[k][0]: v * _SERVING_FILE[k][1] for k, v in fitted.items()}
+    return file_values, r, hold, warn
+
+
+def fit_training_rows(cases, hw, holdout: bool = True):
+    from servesim.calibrate import training as trn
+    warn = []
+    mine = [c for c in cases if c.hardware == hw.name]
+    if len(mine) < len(cases):
+        warn.append(f"training: skipped {len(cases) - len(mine)} row(s) on other hardware than {hw.name}")
+    first = trn.predict(mine)
+    priced = set(first.loc[np.isfinite(first["predicted_tokens_per_s_per_gpu"]), "row"])
+    if len(priced) < len(mine):
+        warn.append(f"training: skipped {len(mine) - len(priced)} row(s) the model cannot price "
+                    f"({first.loc[~first['row'].isin(priced), 'error'].iloc[0]})")
+        mine = [c for c in mine if c.row in priced]
+    if len(mine) < 4:
+        raise ConfigError(f"training: {len(mine)} usable row(s) on {hw.name}; fitting compute_scale and overlap "
+                          f"needs at least 4; no profile written")
+    groups = tuple(sorted({c.group for c in mine}))
+    fit = trn.fit_parameters(mine, groups)
+    df = trn.predict(mine, fit)
+    ok = df.dropna(subset=["predicted_tokens_per_s_per_gpu"])
+    bounds = {"compute_scale": (0.3, 1.3), "overlap": (0.0, 1.0)}
+    fitted = {"compute_scale": fit.compute_scale, "overlap": fit.overlap}
+    for k in _at_bound(fitted, bounds):
+        warn.append(f"training: {k} = {fitted[k]:.4g} sits at its bound; the data do not pin it down")
+    med = float(np.median(np.abs(np.log(ok.predicted_tokens_per_s_per_gpu / ok.published_tokens_per_s_per_gpu))))
+    if med > IMPLAUSIBLE_LOG_RES:
+        raise ConfigError(f"training: predictions a median {math.exp(med):.0f}x off the measurements; check the "
+                          f"units of value (step_time_s in seconds, tokens/s per GPU); no profile written")
+    model_of = {c.row: c.model.name for c in mine}
+    r = pd.DataFrame({"kind": "training", "group": ok["row"].map(model_of).astype(str), "label": ok["case"],
+                      "source": "training", "measured": ok["published_tokens_per_s_per_gpu"],
+                      "predicted": ok["predicted_tokens_per_s_per_gpu"], "rel_error": ok["rel_error"]})
+    hold = []
+    key = (lambda c: c.group) if len(groups) > 1 else (lambda c: c.model.name)
+    names = list(dict.fromkeys(key(c) for c in mine))
+    if holdout and len(names) > 1:
+        for g in names:
+            rest = [c for c in mine if key(c) != g]
+            held = [c for c in mine if key(c) == g]
+            if len(rest) < 4:
+                continue
+            f = trn.fit_parameters(rest, tuple(sorted({c.group for c in rest})))
+            err = trn.predict(held, f).rel_error.abs().dropna()
+            hold.append({"kind": "training", "held_out": g, "n": int(err.size), "median_rel_err": float(err.median()),
+                         "p90_rel_err": float(err.quantile(0.9)), "note": ""})
+    return fitted, r, hold, warn
+
+
+# -- orchestration --------------------------------------------------------------------------------
+
+def check_output(output, force: bool) -> Path:
+    from servesim.config import list_hardware
+    out = Path(output)
+    if out.suffix != ".toml":
+        raise ConfigError(f"--output {output}: a hardware profile must end in .toml")
+    if out.exists() and not force:
+        raise ConfigError(f"--output {output}: file exists; pass --force to overwrite it")
+    if out.stem in list_hardware() and not force:
+        raise ConfigError(f"--output {output}: {out.stem!r} is a shipped profile name; choose another name "
+                          f"or pass --force")
+    return out
+
+
+def calibrate(profile: str, output, operators=(), serving=(), training=None, model=None, tp: int = 1,
+              hardware=None, precision: str = "BF16", force: bool = False, holdout: bool = True) -> FitResult:
+    """Fit, check and return the result; ``write_outputs`` writes the profile and the report."""
+    from servesim.config import load_hardware
+    if not operators and not serving and not training:
+        raise ConfigError("give at least one of --operators, --serving, --training")
+    check_output(output, force)
+    hw = load_hardware(profile)
+    values, res, hold, warn, notes, inputs = {}, [], [], [], [], []
+    tfit = None
+    if operators:
+        data = read_operator_inputs(operators)
+        inputs += data.files
+        v, r, h, w = fit_operators(data, hw, holdout)
+        values.update(v)
+        res += r
+        hold += h
+        warn += w
+    if serving:
+        df = read_serving_inputs(serving, model, tp, hardware or hw.name, precision)
+        inputs += sorted(set(df["source"]))
+        v, r, h, w = fit_serving_rows(df, hw, values, holdout)
+        values.update(v)
+        res.append(r)
+        hold += h
+        warn += w
+    if training:
+        cases = read_training_inputs(training)
+        inputs.append(_show(training))
+        tfit, r, h, w = fit_training_rows(cases, hw, holdout)
+        res.append(r)
+        hold += h
+        warn += w
+        notes.append(f"training: compute_scale = {tfit['compute_scale']:.4f}, overlap = {tfit['overlap']:.4f} "
+                     f"(servesim.training.params.TrainingFit; not a profile key, so not written to the profile; "
+                     f"the training rows are priced on the shipped profile named in each row)")
+    pp = ops.profile_params(hw)
+    base_values = {k: (pp[k] if k in pp else getattr(hw.efficiency, EFFICIENCY_FILE_KEYS[k][0])
+                       * EFFICIENCY_FILE_KEYS[k][1]) for k in values}
+    residuals = pd.concat(res, ignore_index=True) if res else pd.DataFrame(
+        columns=["kind", "group", "label", "source", "measured", "predicted", "rel_error"])
+    holdout_df = pd.DataFrame(hold, columns=["kind", "held_out", "n", "median_rel_err", "p90_rel_err", "note"])
+    return FitResult(profile=hw.name, base_path=str(hw.path), values=values, base_values=base_values, residuals=residuals,
+                     holdout=holdout_df, warnings=warn, notes=notes, inputs=inputs, training_fit=tfit)
+
+
+def fit_source(result: FitResult, report_dir: Path) -> str:
+    files = ", ".join(Path(p).name for p in result.inputs[:6]) + (" ..." if len(result.inputs) > 6 else "")
+    kinds = ", ".join(f"{k} ({n} rows)" for k, n in result.residuals["kind"].value_counts(sort=False).items())
+    text = f"servesim calibrate from {result.profile} on {files}: {kinds}; report {Path(report_dir).name}/report.md"
+    return text.replace('"', "'").replace("\\", "/")
+
+
+def profile_text(result: FitResult, output, report_dir=None) -> str:
+    """The new profile's text, checked by loading it (under its own stem) before anything is written."""
+    from servesim.config import load_hardware
+    output = Path(output)
+    hw = load_hardware(result.base_path)
+    rep = Path(report_dir) if report_dir else default_report_dir(output)
+    text = derived_profile(hw, output.stem, result.values, fit_source(result, rep))
+    with tempfile.TemporaryDirectory() as tmp:
+        trial = Path(tmp) / f"{output.stem}.toml"
+        trial.write_text(text)
+        load_hardware(str(trial))
+    return text
+
+
+def default_report_dir(output) -> Path:
+    return Path(output).with_name(f"{Path(output).stem}-fit")
+
+
+def summary(residuals: pd.DataFrame) -> pd.DataFrame:
+    e = residuals.assign(abs_err=residuals["rel_error"].abs())
+    g = e.groupby("kind", sort=False)["abs_err"]
+    return pd.DataFrame({"n": g.size(), "median_rel_err": g.median(), "p90_rel_err": g.quantile(0.9)}).reset_index()
+
+
+def _pct(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
+
+
+def report_markdown(result: FitResult, output: Path, command: str) -> str:
+    bounds = {**ops.BOUNDS, "iteration_overhead_us": (10.0, 20000.0), "per_seq_overhead_us": (0.0, 200.0),
+              "attn_decode_hbm_fraction": (0.05, 1.0)}
+    lines = [f"# Calibration of `{output.stem}` (from `{result.profile}`)", "",
+             f"Regenerate: `{command}`", "", "Inputs: " + ", ".join(f"`{p}`" for p in result.inputs), "",
+             "## Fitted parameters", "", "| key | base | fitted | bounds |", "|---|---:|---:|---|"]
+    for k, v in result.values.items():
+        lo, hi = bounds.get(k, ("", ""))
+        lines.append(f"| {k} | {result.base_values[k]:.4g} | {v:.4g} | [{lo:g}, {hi:g}] |")
+    lines += ["", "## Error |predicted / measured - 1|", "", "| rows | n | median | p90 |", "|---|---:|---:|---:|"]
+    for r in summary(result.residuals).itertuples():
+        lines.append(f"| {r.kind} | {r.n} | {_pct(r.median_rel_err)} | {_pct(r.p90_rel_err)} |")
+    lines += ["", "## Leave-one-group-out (refit without the group, predict it)", ""]
+    if result.holdout.empty:
+        lines.append("Not available: each kind of input has a single group (one model / layout).")
+    else:
+        lines += ["| rows | held out | n | median | p90 | note |", "|---|---|---:|---:|---:|---|"]
+        for r in result.holdout.itertuples():
+            lines.append(f"| {r.kind} | {r.held_out} | {r.n} | {_pct(r.median_rel_err)} | {_pct(r.p90_rel_err)} | "
+                         f"{r.note} |")
+    lines += ["", "## Warnings", ""] + ([f"- {w}" for w in result.warnings] or ["None."])
+    if result.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+    lines += ["", "Per-row residuals: `residuals.csv`; hold-out table: `holdout.csv`.", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(result: FitResult, output, report_dir=None, command: str = "servesim calibrate") -> Path:
+    """Write the report (report.md, residuals.csv, holdout.csv) and then the profile. Returns the report dir."""
+    output = Path(output)
+    rep = Path(report_dir) if report_dir else default_report_dir(output)
+    text = profile_text(result, output, rep)
+    rep.mkdir(parents=True, exist_ok=True)
+    result.residuals.to_csv(rep / "residuals.csv", index=False)
+    result.holdout.to_csv(rep / "holdout.csv", index=False)
+    (rep / "report.md").write_text(report_markdown(result, output, command))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    return rep
+
+
+__all__ = ["FitResult", "OperatorData", "calibrate", "check_output", "fit_operators", "fit_serving_rows",
+           "fit_training_rows", "profile_text", "read_native", "read_operator_inputs", "read_serving_inputs",
+           "read_training_inputs", "read_vllm_json", "report_markdown", "summary", "write_outputs"]

@@ -1,0 +1,110 @@
+"""Writing fitted efficiencies into hardware-profile TOML files, keeping their comments and layout.
+
+``update_profile`` rewrites the numeric values of some ``[efficiency]`` keys and the ``fit_source``
+line of an existing profile (used by ``experiments/fit_costmodel.py``, ``experiments/validate_serving.py``
+and ``servesim calibrate``); ``derived_profile`` makes the text of a *new* profile from a base one:
+``name`` = the new stem, ``efficiency_from = ""`` and an ``[efficiency]`` table (copied from the
+profile it borrowed from when the base had none) carrying the fitted values.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from servesim.errors import ConfigError
+
+# Decimals written per file key; keys not listed get 4 (validate_serving.py adds its own with setdefault).
+DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_fraction": 3,
+            "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
+            "elementwise_hbm_fraction": 3}
+# [efficiency] file key -> (Efficiency field, multiplier from SI to file units), in file order.
+EFFICIENCY_FILE_KEYS = {
+    "gemm_max": ("gemm_max", 1.0), "gemm_half_tokens": ("gemm_half_tokens", 1.0),
+    "kernel_latency_us": ("kernel_latency_s", 1e6), "hbm_fraction": ("hbm_fraction", 1.0),
+    "attn_prefill_max": ("attn_prefill_max", 1.0), "attn_decode_hbm_fraction": ("attn_decode_hbm_fraction", 1.0),
+    "scaleup_bw_fraction": ("scaleup_bw_fraction", 1.0), "scaleup_latency_us": ("scaleup_latency_s", 1e6),
+    "scaleout_bw_fraction": ("scaleout_bw_fraction", 1.0), "scaleout_latency_us": ("scaleout_latency_s", 1e6),
+    "pcie_bw_fraction": ("pcie_bw_fraction", 1.0), "pcie_latency_us": ("pcie_latency_s", 1e6),
+    "iteration_overhead_us": ("iteration_overhead_s", 1e6), "per_seq_overhead_us": ("per_seq_overhead_s", 1e6),
+    "elementwise_hbm_fraction": ("elementwise_hbm_fraction", 1.0),
+    "collective_base_latency_us": ("collective_base_latency_s", 1e6),
+}
+
+
+def _fmt(key: str, value: float) -> str:
+    return f"{value:.{DECIMALS.get(key, 4)}f}"
+
+
+def _check_fit_source(fit_source: str) -> None:
+    if '"' in fit_source or "\\" in fit_source or "\n" in fit_source:
+        raise ConfigError("fit_source must not contain quotes, backslashes or newlines")
+
+
+def update_profile(path: Path, values: dict, fit_source: str, text: str | None = None,
+                   keep_previous: bool = True) -> str:
+    """Rewrite the numeric values of ``values``' keys (file units, e.g. ``kernel_latency_us``) and the
+    fit_source line inside [efficiency], keeping key order, comments and the comment column.
+
+    ``text`` is the profile text (default: read ``path``, which is then only used in messages).
+    With ``keep_previous`` an existing fit_source note (other than "initial values ...") is kept
+    after the new one. Returns the new text.
+    """
+    path = Path(path)
+    text = path.read_text() if text is None else text
+    start = re.search(r"^\[efficiency\][^\n]*\n", text, flags=re.M)
+    if start is None:
+        raise ConfigError(f"{path}: no [efficiency] table")
+    nxt = re.search(r"^\[", text[start.end():], flags=re.M)
+    end = start.end() + (nxt.start() if nxt else len(text) - start.end())
+    block = text[start.end():end]
+    for key, value in values.items():
+        pat = re.compile(rf"^({re.escape(key)}\s*=\s*)([-+0-9.eE]+)([ \t]*)(#[^\n]*)?$", flags=re.M)
+        m = pat.search(block)
+        if m is None:
+            raise ConfigError(f"{path}: [efficiency] has no numeric line for {key}")
+        new = _fmt(key, value)
+        pad = m.group(3)
+        if m.group(4):
+            width = len(m.group(2)) + len(pad)
+            pad = " " * max(1, width - len(new))
+        block = block[:m.start()] + m.group(1) + new + pad + (m.group(4) or "") + block[m.end():]
+    _check_fit_source(fit_source)
+    found = re.findall(r'^fit_source\s*=\s*"([^"\n]*)"', block, flags=re.M)
+    if len(found) != 1:
+        raise ConfigError(f"{path}: [efficiency] needs exactly one fit_source line, found {len(found)}")
+    # Other fits append their own "; ..." notes to fit_source (e.g. the serving validation): keep them.
+    current = found[0]
+    if keep_previous:
+        if fit_source in current:
+            fit_source = current
+        elif not current.startswith("initial values"):
+            fit_source = f"{fit_source}; {current}"
+    block = re.sub(r'^fit_source\s*=\s*"[^"\n]*"', lambda _: f'fit_source = "{fit_source}"', block, flags=re.M)
+    return text[:start.end()] + block + text[end:]
+
+
+def efficiency_table(efficiency) -> str:
+    """An ``[efficiency]`` table (file units) holding the values of an ``Efficiency``."""
+    lines = ["[efficiency]", f'fit_source = "{efficiency.fit_source.replace(chr(34), chr(39))}"']
+    for key, (field, mult) in EFFICIENCY_FILE_KEYS.items():
+        lines.append(f"{key} = {_fmt(key, getattr(efficiency, field) * mult)}")
+    return "\n".join(lines) + "\n"
+
+
+def derived_profile(base, name: str, values: dict, fit_source: str) -> str:
+    """Text of a new profile: a copy of ``base`` (a loaded HardwareProfile) named ``name``, carrying its
+    own [efficiency] (``efficiency_from = ""``) with ``values`` (file units) and ``fit_source``."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"profile name {name!r}: use letters, digits, '.', '_' and '-' only")
+    text = Path(base.path).read_text()
+    text, n = re.subn(r'^name\s*=\s*"[^"\n]*"', lambda _: f'name = "{name}"', text, count=1, flags=re.M)
+    if n != 1:
+        raise ConfigError(f"{base.path}: no name line")
+    text = re.sub(r'^efficiency_from\s*=\s*"[^"\n]*"[^\n]*', lambda _: 'efficiency_from = ""  # fitted by servesim calibrate (see fit_source)',
+                  text, count=1, flags=re.M)
+    if not re.search(r"^\[efficiency\]", text, flags=re.M):
+        text = text.rstrip("\n") + "\n\n" + efficiency_table(base.efficiency)
+    return update_profile(Path(base.path), values, fit_source, text=text, keep_previous=False)
+
+
+__all__ = ["DECIMALS", "EFFICIENCY_FILE_KEYS", "derived_profile", "efficiency_table", "update_profile"]

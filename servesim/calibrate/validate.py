@@ -1,0 +1,151 @@
+"""Validation suites behind `servesim validate`: published (or user) measurements vs the simulator.
+
+- ``serving``: the published TensorRT-LLM rows (``data/inference_published_calibration.csv``) simulated
+  with ``serving.predict`` (the ``trtllm`` preset; setups in ``serving.setup_of``). Tolerance 15%
+  median relative error (the serving issue's target).
+- ``training``: the published training rows (``data/training_published_calibration.csv``) priced
+  with ``training.predict`` on tokens/s per GPU. Tolerance 10% median.
+
+A user CSV in either layout is one more suite with the tolerance of its kind. Every suite becomes one
+tidy frame (suite, gpu, metric, label, measured, predicted, rel_error), summarised per (gpu, metric).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servesim.calibrate import serving as srv
+from servesim.calibrate import training as trn
+from servesim.errors import ConfigError
+
+TOLERANCE = {"serving": 0.15, "training": 0.10}
+QUICK_STRIDE = 8
+COLUMNS = ["suite", "gpu", "metric", "label", "measured", "predicted", "rel_error"]
+
+
+@dataclass
+class SuiteResult:
+    name: str
+    kind: str
+    tolerance: float
+    rows: pd.DataFrame  # COLUMNS
+
+
+def serving_suite(path=None, quick: bool = False, name: str = "serving") -> SuiteResult:
+    df = srv.load_published(path)
+    if quick:
+        df = df.iloc[::QUICK_STRIDE]
+    p = srv.predict(df)
+    label = (p["model"] + " tp" + p["tp"].astype(str) + " " + p["precision"].str.split(" ").str[0] + " isl" +
+             p["isl"].astype(str) + " osl" + p["osl"].astype(str) + " " + p["load_kind"] + "=" +
+             p["load_value"].astype(str))
+    rows = pd.DataFrame({"suite": name, "gpu": p["hardware"].map(srv.hardware_name), "metric": p["metric"],
+                         "label": label, "measured": p["value"], "predicted": p["predicted"],
+                         "rel_error": p["rel_error"]})
+    return SuiteResult(name, "serving", TOLERANCE["serving"], rows.reset_index(drop=True))
+
+
+def training_suite(path=None, name: str = "training") -> SuiteResult:
+    cases, _ = trn.load_cases(Path(path) if path else trn.DATA)
+    p = trn.predict(cases)
+    gpu = {c.row: c.hardware for c in cases}
+    rows = pd.DataFrame({"suite": name, "gpu": p["row"].map(gpu), "metric": "tokens_per_s_per_gpu (" + p["group"] + ")",
+                         "label": p["case"], "measured": p["published_tokens_per_s_per_gpu"],
+                         "predicted": p["predicted_tokens_per_s_per_gpu"], "rel_error": p["rel_error"]})
+    return SuiteResult(name, "training", TOLERANCE["training"], rows)
+
+
+def _kind_of(path) -> str:
+    from servesim.calibrate.fit import TRAINING_COLUMNS
+    try:
+        cols = set(pd.read_csv(path, nrows=0).columns)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not a readable CSV ({exc})") from None
+    if set(srv.REQUIRED) <= cols:
+        return "serving"
+    if set(TRAINING_COLUMNS) <= cols:
+        return "training"
+    raise ConfigError(f"{path}: neither the serving layout (columns {', '.join(srv.REQUIRED)}) nor the training "
+                      f"layout (columns {', '.join(TRAINING_COLUMNS)})")
+
+
+def run_suites(suite: str = "all", user_csvs=(), quick: bool = False) -> list[SuiteResult]:
+    if suite not in ("serving", "training", "all"):
+        raise ConfigError(f"--suite {suite!r}: use serving, training or all")
+    out = []
+    if suite in ("serving", "all"):
+        out.append(serving_suite(quick=quick))
+    if suite in ("training", "all"):
+        out.append(training_suite())
+    for path in user_csvs:
+        name = f"user:{Path(path).name}"
+        if _kind_of(path) == "serving":
+            out.append(serving_suite(path, quick=False, name=name))
+        else:
+            out.append(training_suite(path, name=name))
+    return out
+
+
+def summarize(res: SuiteResult) -> dict:
+    r = res.rows.dropna(subset=["predicted"]).assign(abs_err=lambda d: d["rel_error"].abs())
+    g = r.groupby(["gpu", "metric"], sort=True)["abs_err"]
+    table = pd.DataFrame({"n": g.size(), "median_rel_err": g.median(), "p90_rel_err": g.quantile(0.9)}).reset_index()
+    e = r["abs_err"]
+    return {"n": int(e.size), "median": float(e.median()) if e.size else float("nan"),
+            "p90": float(e.quantile(0.9)) if e.size else float("nan"), "table": table,
+            "not_simulated": int(res.rows["predicted"].isna().sum())}
+
+
+def parity_figure(results: list[SuiteResult], path) -> None:
+    """Predicted vs measured, log-log, one panel per suite, one colour per GPU."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.6), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        r = res.rows.dropna(subset=["predicted"])
+        r = r[(r["measured"] > 0) & (r["predicted"] > 0)]
+        for i, (gpu, part) in enumerate(r.groupby("gpu")):
+            ax.scatter(part["measured"], part["predicted"], s=12, alpha=0.7, color=f"C{i}", label=gpu)
+        if len(r):
+            lo = min(r["measured"].min(), r["predicted"].min()) / 1.5
+            hi = max(r["measured"].max(), r["predicted"].max()) * 1.5
+            x = np.array([lo, hi])
+            ax.plot(x, x, "k-", lw=0.8)
+            tol = res.tolerance
+            ax.plot(x, x * (1 + tol), "k:", lw=0.6)
+            ax.plot(x, x * (1 - tol), "k:", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured")
+        ax.set_ylabel("predicted")
+        ax.set_title(f"{res.name} (dotted: +/-{100 * res.tolerance:.0f}%)")
+        ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, "source: servesim validate; servesim/calibrate/data (published measurements)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(results: list[SuiteResult], outdir) -> None:
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for res in results:
+        safe = res.name.replace(":", "_")
+        res.rows.to_csv(out / f"{safe}_rows.csv", index=False)
+        s = summarize(res)
+        rows.append(s["table"].assign(suite=res.name, tolerance=res.tolerance))
+        rows.append(pd.DataFrame([{"suite": res.name, "gpu": "all", "metric": "all", "n": s["n"],
+                                   "median_rel_err": s["median"], "p90_rel_err": s["p90"],
+                                   "tolerance": res.tolerance}]))
+    pd.concat(rows, ignore_index=True)[["suite", "gpu", "metric", "n", "median_rel_err", "p90_rel_err",
+                                        "tolerance"]].to_csv(out / "summary.csv", index=False)
+    parity_figure(results, out / "parity.png")
+
+
+__all__ = ["COLUMNS", "QUICK_STRIDE", "SuiteResult", "TOLERANCE", "parity_figure", "run_suites", "serving_suite",
+           "summarize", "training_suite", "write_outputs"]

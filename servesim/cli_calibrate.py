@@ -1,0 +1,114 @@
+"""`servesim calibrate` and `servesim validate`: thin click commands over servesim.calibrate.fit / .validate."""
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+
+def _echo_warnings(items) -> None:
+    for w in items:
+        click.echo(f"servesim: warning: {w}", err=True)
+
+
+def _pct(v) -> str:
+    return "-" if v != v else f"{100 * v:.1f}%"
+
+
+@click.command()
+@click.option("--profile", required=True, help="Base hardware profile (shipped name or .toml path) to start from.")
+@click.option("--operators", multiple=True, type=click.Path(exists=True),
+              help="Per-operator timing CSV or folder (Vidur mlp.csv / all_reduce.csv / send_recv.csv, or the "
+                   "native op,m,k,n,dtype,bytes,gpus,time_us format). Repeatable.")
+@click.option("--serving", multiple=True, type=click.Path(exists=True),
+              help="End-to-end serving results: the shipped CSV layout or a vLLM benchmark_serving.py JSON. Repeatable.")
+@click.option("--training", type=click.Path(exists=True, dir_okay=False),
+              help="Training step times in the shipped training CSV layout.")
+@click.option("--model", default=None, help="servesim model of the vLLM JSON runs (e.g. llama-3.1-8b).")
+@click.option("--tp", default=1, show_default=True, type=int, help="Tensor parallelism of the vLLM JSON runs.")
+@click.option("--hardware", default=None, help="Hardware of the vLLM JSON runs [default: the base profile].")
+@click.option("--precision", default="BF16", show_default=True, help="Precision of the vLLM JSON runs (BF16, FP16, FP8).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="New profile TOML to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file or use a shipped profile name.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Fit report folder [default: <output stem>-fit next to the profile].")
+@click.option("--holdout/--no-holdout", default=True, show_default=True,
+              help="Leave-one-group-out refits (one per model / layout).")
+def calibrate(profile, operators, serving, training, model, tp, hardware, precision, output, force, report_dir,
+              holdout):
+    """Fit a profile's efficiencies to your measurements and write a new profile.
+
+    \b
+    Examples:
+      servesim calibrate --profile h100-sxm --operators measure_out/ -o my-h100.toml
+      servesim calibrate --profile h100-sxm --operators vidur/profiling/compute/h100 \\
+          --operators vidur/profiling/network/h100_dgx -o h100-vidur.toml
+      servesim calibrate --profile h100-sxm --serving bench.json --model llama-3.1-8b --tp 1 -o mine.toml
+    """
+    from .calibrate.fit import calibrate as run, summary, write_outputs
+    result = run(profile, output, operators=operators, serving=serving, training=training, model=model, tp=tp,
+                 hardware=hardware, precision=precision, force=force, holdout=holdout)
+    command = "servesim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "servesim calibrate"
+    rep = write_outputs(result, output, report_dir, command=command)
+    _echo_warnings(result.warnings)
+    click.echo(f"fitted {len(result.values)} parameter(s) of {result.profile}:")
+    for k, v in result.values.items():
+        click.echo(f"  {k:<28}{result.base_values[k]:>12.4g} -> {v:.4g}")
+    for note in result.notes:
+        click.echo(f"  {note}")
+    click.echo(f"  {'rows':<12}{'n':>6}{'median':>10}{'p90':>10}")
+    for r in summary(result.residuals).itertuples():
+        click.echo(f"  {r.kind:<12}{r.n:>6}{_pct(r.median_rel_err):>10}{_pct(r.p90_rel_err):>10}")
+    click.echo(f"wrote {output} and {rep}/report.md")
+
+
+@click.command()
+@click.option("--suite", type=click.Choice(["serving", "training", "all"]), default="all", show_default=True)
+@click.option("--csv", "user_csv", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Your own measurements (serving or training CSV layout) as an extra suite. Repeatable.")
+@click.option("--quick", is_flag=True, help="Every 8th serving row (deterministic sample; the training suite is fast).")
+@click.option("--check", is_flag=True, help="Exit 2 when a suite's median error exceeds its tolerance.")
+@click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
+              help="Write per-row predicted-vs-measured CSVs, summary.csv and parity.png here.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def validate(suite, user_csv, quick, check, outdir, fmt):
+    """Compare the simulator with published (or your) serving and training measurements.
+
+    \b
+    Tolerances (median |predicted / measured - 1|): serving 15%, training 10%.
+    Examples:
+      servesim validate
+      servesim validate --suite serving --quick --check
+      servesim validate --csv my_runs.csv -o validation/
+    """
+    import json
+
+    from .calibrate.validate import run_suites, summarize, write_outputs
+    results = run_suites(suite, user_csv, quick=quick)
+    if outdir:
+        write_outputs(results, outdir)
+    failed = []
+    out = []
+    for res in results:
+        s = summarize(res)
+        ok = not (s["median"] > res.tolerance)
+        if not ok:
+            failed.append(f"{res.name} median {_pct(s['median'])} > {_pct(res.tolerance)}")
+        out.append((res, s, ok))
+    if fmt == "json":
+        click.echo(json.dumps([{"suite": r.name, "tolerance": r.tolerance, "pass": ok, "n": s["n"],
+                                "median_rel_err": s["median"], "p90_rel_err": s["p90"],
+                                "groups": s["table"].to_dict(orient="records")} for r, s, ok in out], indent=2))
+    else:
+        for res, s, ok in out:
+            click.echo(f"{res.name}: {s['n']} rows, median {_pct(s['median'])}, p90 {_pct(s['p90'])} "
+                       f"(tolerance {_pct(res.tolerance)}) {'PASS' if ok else 'FAIL'}")
+            click.echo(f"  {'gpu':<16}{'metric':<30}{'n':>5}{'median':>9}{'p90':>9}")
+            for r in s["table"].itertuples():
+                click.echo(f"  {r.gpu:<16}{r.metric:<30}{r.n:>5}{_pct(r.median_rel_err):>9}{_pct(r.p90_rel_err):>9}")
+        if outdir:
+            click.echo(f"wrote per-row tables, summary.csv and parity.png to {outdir}")
+    if check and failed:
+        click.echo("servesim: error: validation failed: " + "; ".join(failed), err=True)
+        sys.exit(2)

@@ -1,0 +1,386 @@
+"""Build the report directory: run every section through the library, then write report.md.
+
+Sections and the library function behind each:
+
+- latency / throughput vs load: `planning.sweep.run_sweep` per hardware at the smallest TP in
+  1, 2, 4, 8 whose weights and a KV cache fit; figures from `planning.figures.sweep_figures`;
+- bottleneck of a typical iteration: `costmodel.build_replica(...).iteration(Batch(...))` at the
+  workload's mean prompt and output lengths, for three batches (a lone prefill, a decode batch and
+  the steady-state mix of decodes plus the prefill tokens that keep them in flight, B / osl new
+  requests per iteration), with B the mean batch size simulated at the target rate;
+- cheapest configurations meeting the SLO: `planning.plan.plan` at the target rate;
+- training vs serving cost: `training.compare.compare_costs`;
+- validation status: `report.validation.profile_status` (own fit or `efficiency_from`, quoted errors).
+
+Default sweep rates: 6 geometric rates from 0.15 to 1.2 x the largest per-replica capacity bound
+(`planning.plan.layout_bounds`) among the hardware candidates, rounded to 3 significant figures.
+"""
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError, InfeasibleError
+
+SERVE_TPS = (1, 2, 4, 8)
+DEFAULT_SLO = "ttft_p99=1s,tpot_p99=60ms"
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    model: str = "llama-3.1-8b"
+    hardware: tuple = ("h100-sxm",)
+    workload: str = "chat"
+    rates: tuple | None = None        # sweep rates, req/s; None = from the capacity bound
+    rate: float | None = None         # target load for plan / breakdown / compare; None = workload default
+    slo: str = DEFAULT_SLO
+    dtype: str = "bf16"
+    num_requests: int = 1000
+    seed: int = 0
+    train_tokens: float = 15e12
+    train_gpus: int = 1024
+    max_gpus: int = 64
+
+
+def regenerate_command(spec: ReportSpec, outdir: str) -> str:
+    """The `servesim report` command line that rebuilds this report (every option explicit)."""
+    parts = ["servesim", "report", "--model", spec.model, "--hardware", ",".join(spec.hardware),
+             "--workload", spec.workload]
+    if spec.rates is not None:
+        parts += ["--rates", ",".join(f"{r:g}" for r in spec.rates)]
+    if spec.rate is not None:
+        parts += ["--rate", f"{spec.rate:g}"]
+    parts += ["--slo", spec.slo, "--dtype", spec.dtype, "--num-requests", str(spec.num_requests),
+              "--seed", str(spec.seed), "--train-tokens", f"{spec.train_tokens:g}",
+              "--train-gpus", str(spec.train_gpus), "--max-gpus", str(spec.max_gpus), "-o", str(outdir)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+# ---------------------------------------------------------------- scenario pieces
+def _base(spec: ReportSpec):
+    from ..api import SimConfig
+    return SimConfig(model=spec.model, workload=spec.workload, dtype=spec.dtype, slo=spec.slo,
+                     num_requests=spec.num_requests, seed=spec.seed)
+
+
+def _replica(cfg):
+    """(ReplicaCost, resolved SimConfig) for one replica of `cfg`; InfeasibleError if it does not fit."""
+    from ..api import resolve
+    from ..costmodel import Layout, build_replica
+    from ..engine.presets import get_preset
+    cfg, model, hw, _ = resolve(cfg)
+    rc = build_replica(model, hw, Layout(cfg.tp, cfg.pp, cfg.dtype, cfg.kv_dtype, cfg.allreduce),
+                       cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
+                       max_seqs=cfg.max_num_seqs, fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
+    return rc, cfg
+
+
+def serving_tp(base, hardware: str) -> int:
+    """Smallest TP whose weights and a KV cache fit (checked by a one-request simulation)."""
+    from ..api import simulate
+    last = None
+    for tp in SERVE_TPS:
+        try:
+            simulate(replace(base, hardware=hardware, tp=tp, num_requests=1, rate=1.0, slo=None))
+            return tp
+        except InfeasibleError as e:
+            last = e
+    raise InfeasibleError(f"--hardware {hardware}: {base.model} {base.dtype} fits at none of TP "
+                          f"{', '.join(map(str, SERVE_TPS))} ({last})")
+
+
+def mean_lengths(base) -> tuple[float, float]:
+    from ..config import load_model
+    from ..workload import build_requests, load_workload
+    reqs = build_requests(load_workload(base.workload), min(base.num_requests, 4000), base.seed, rate=1.0,
+                          max_len=load_model(base.model).max_context)
+    return float(np.mean(reqs.prompt)), float(np.mean(reqs.output))
+
+
+def default_rates(base, tps: dict, isl_osl) -> list[float]:
+    from ..metrics import parse_slo
+    from ..planning.plan import layout_bounds
+    prompt = np.array([isl_osl[0]])
+    output = np.array([isl_osl[1]])
+    caps = []
+    for hw, tp in tps.items():
+        b = layout_bounds({"hardware": hw, "tp": tp}, base, prompt, output, parse_slo(base.slo), 0.0)
+        if b.get("capacity_rps") and np.isfinite(b["capacity_rps"]):
+            caps.append(b["capacity_rps"])
+    cap = max(caps) if caps else 1.0
+    return [float(f"{r:.3g}") for r in np.geomspace(0.15 * cap, 1.2 * cap, 6)]
+
+
+# ---------------------------------------------------------------- sections
+def sweep_section(base, tps: dict, rates) -> pd.DataFrame:
+    from ..planning.sweep import run_sweep
+    frames = []
+    for hw, tp in tps.items():
+        res = run_sweep(replace(base, hardware=hw, tp=tp), [], list(rates))
+        if res.first_error:
+            raise ConfigError(res.first_error)
+        frames.append(res.table)
+    df = pd.concat(frames, ignore_index=True)
+    df["point"] = range(len(df))
+    return df
+
+
+def breakdown_section(base, tps: dict, rate: float, isl: float, osl: float) -> tuple[pd.DataFrame, dict]:
+    from ..api import simulate
+    from ..costmodel import Batch
+    rows, batch_sizes = [], {}
+    for hw, tp in tps.items():
+        cfg = replace(base, hardware=hw, tp=tp, rate=rate)
+        rc, filled = _replica(cfg)
+        s = simulate(cfg).summary
+        b = max(1, int(round(s["utilization"]["mean_batch_size"] or 1)))
+        batch_sizes[hw] = f"{b}" + (" (saturated: one replica cannot carry this load)" if s["saturated"] else "")
+        p_tok, ctx = max(1, int(round(isl))), int(round(isl + osl / 2.0))
+        mix_tok = max(1, min(int(round(b * isl / max(osl, 1.0))), filled.max_num_batched_tokens))
+        batches = {f"prefill of one {p_tok}-token prompt": Batch(prefill=((p_tok, 0),)),
+                   f"decode of {b} sequences at context {ctx}": Batch(decode=(ctx,) * b),
+                   f"steady state: {b} decodes + {mix_tok} prefill tokens": Batch(prefill=((mix_tok, 0),),
+                                                                                   decode=(ctx,) * b)}
+        for label, batch in batches.items():
+            br = rc.iteration(batch)
+            row = {"hardware": hw, "tp": tp, "batch": label, "time_ms": br.time_s * 1e3}
+            row.update({f"{k}_ms": v * 1e3 for k, v in br.parts_s.items()})
+            row["gemm_bound"] = br.bound.get("gemm", "")
+            row["bottleneck"] = br.bottleneck
+            rows.append(row)
+    return pd.DataFrame(rows), batch_sizes
+
+
+def plan_section(base, hardware, rate: float, max_gpus: int, dtype: str):
+    from ..planning.plan import PlanSpec, plan
+    return plan(PlanSpec(base=replace(base, rate=rate), hardware=tuple(hardware), dtypes=(dtype,),
+                         max_gpus=max_gpus))
+
+
+def compare_section(spec: ReportSpec, rate: float) -> tuple[pd.DataFrame | None, str]:
+    from ..training import TrainLayout
+    from ..training.compare import compare_costs
+    try:
+        df = compare_costs(spec.model, list(spec.hardware), spec.train_gpus, spec.train_tokens,
+                           TrainLayout(seq_len=8192, global_batch=1024), workload=spec.workload, rate=rate,
+                           dtype=spec.dtype,
+                           slo=spec.slo, num_requests=spec.num_requests, seed=spec.seed)
+    except InfeasibleError as e:
+        return None, str(e)
+    return df, ""
+
+
+# ---------------------------------------------------------------- markdown helpers
+def _fmt(v, spec="{:.3g}"):
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "-"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        return spec.format(float(v))
+    return str(v)
+
+
+def md_table(df: pd.DataFrame, columns: dict) -> str:
+    """columns: {column: header}; floats to 3 significant figures."""
+    cols = [c for c in columns if c in df.columns]
+    lines = ["| " + " | ".join(columns[c] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the report
+def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=None) -> Path:
+    """Run every section and write `outdir`/report.md, its PNGs and CSVs. Returns the report path."""
+    from .. import __version__
+    from ..config import load_hardware, load_model
+    from ..metrics import parse_slo
+    from ..planning.figures import pareto_figure, sweep_figures
+    from ..workload import load_workload
+    from . import figures
+    from .validation import profile_status
+
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    if not spec.hardware:
+        raise ConfigError("--hardware: give at least one profile, e.g. --hardware h100-sxm,h200-sxm")
+    load_model(spec.model)
+    for h in spec.hardware:
+        load_hardware(h)
+    workload = load_workload(spec.workload)
+    slo = parse_slo(spec.slo)
+    if not slo:
+        raise ConfigError(f"--slo: the report needs at least one target, e.g. --slo {DEFAULT_SLO}")
+    if spec.num_requests < 1:
+        raise ConfigError(f"--num-requests must be >= 1, got {spec.num_requests}")
+    if spec.rate is not None and spec.rate <= 0:
+        raise ConfigError(f"--rate must be > 0 req/s, got {spec.rate:g}")
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = _base(spec)
+    tps = {h: serving_tp(base, h) for h in spec.hardware}
+    isl, osl = mean_lengths(base)
+    rates = list(spec.rates) if spec.rates else default_rates(base, tps, (isl, osl))
+    rate = spec.rate if spec.rate is not None else workload.default_rate
+    if command is None:
+        command = regenerate_command(replace(spec, rates=tuple(rates), rate=rate), str(outdir))
+
+    say("sweep")
+    sweep = sweep_section(base, tps, rates)
+    sweep.to_csv(out / "sweep.csv", index=False)
+    sweep_pngs = [p.name for p in sweep_figures(sweep, ["hardware", "tp"], slo, out)]
+    say("breakdown")
+    brk, bsizes = breakdown_section(base, tps, rate, isl, osl)
+    brk.to_csv(out / "breakdown.csv", index=False)
+    brk_png = figures.breakdown_figure(brk, out / "breakdown.png").name
+    say("plan")
+    planned = plan_section(base, spec.hardware, rate, spec.max_gpus, spec.dtype)
+    cand = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "cost_split", "checks")}
+                         for c in planned.candidates])
+    cand.to_csv(out / "plan_candidates.csv", index=False)
+    pareto = [p.name for p in pareto_figure(cand, out)] if "ttft_ms_p99" in cand.columns else []
+    say("compare")
+    cmp_df, cmp_err = compare_section(spec, rate)
+    cmp_png = None
+    if cmp_df is not None:
+        cmp_df.to_csv(out / "compare.csv", index=False)
+        cmp_png = figures.compare_figure(cmp_df, out / "compare.png").name
+    say("validation")
+    status = [profile_status(h) for h in spec.hardware]
+    elapsed = time.perf_counter() - t0
+
+    md = []
+    md.append(f"# servesim report: {spec.model} on {', '.join(spec.hardware)}, `{spec.workload}` workload\n")
+    md.append("Regenerate this report (every number below is produced by this command):\n")
+    md.append(f"```bash\n{command}\n```\n")
+    md.append(f"servesim {__version__}; built in {elapsed:.1f} s. Tables behind the figures: `sweep.csv`, "
+              "`breakdown.csv`, `plan_candidates.csv`, `compare.csv`.\n")
+    md.append("## Scenario\n")
+    md.append(f"- model `{spec.model}`, weights {spec.dtype}, engine preset `vllm`\n"
+              f"- workload `{spec.workload}` ({workload.description.strip()}); mean prompt {isl:.0f} tokens, "
+              f"mean output {osl:.0f} tokens (over {min(spec.num_requests, 4000)} sampled requests, seed {spec.seed})\n"
+              f"- SLO `{spec.slo}`; target load {rate:g} req/s "
+              f"({'--rate' if spec.rate is not None else 'the workload default'})\n"
+              f"- serving layout per hardware (smallest TP in 1, 2, 4, 8 whose weights and a KV cache fit): "
+              + ", ".join(f"{h} TP={t}" for h, t in tps.items()) + "\n"
+              f"- {spec.num_requests} Poisson requests per simulation, seed {spec.seed}\n")
+
+    md.append("## Latency and throughput vs load\n")
+    md.append(f"One replica per hardware, swept over {', '.join(f'{r:g}' for r in rates)} req/s"
+              + ("" if spec.rates else " (default: 0.15 to 1.2 x the largest capacity bound of one replica)")
+              + ". Red dashed lines: the SLO targets; circled: the knee (the last rate whose TTFT p99 is "
+              "within 2x its low-load value, unsaturated).\n")
+    for p in sweep_pngs:
+        md.append(f"![{p}]({p})\n")
+    sw = sweep.copy()
+    md.append(md_table(sw, {"hardware": "hardware", "tp": "TP", "rate": "rate (req/s)",
+                            "ttft_ms_p50": "TTFT p50 (ms)", "ttft_ms_p99": "TTFT p99 (ms)",
+                            "tpot_ms_p50": "TPOT p50 (ms)", "tpot_ms_p99": "TPOT p99 (ms)",
+                            "throughput_output_tokens_per_s": "output tok/s",
+                            "cost_usd_per_million_output_tokens": "$/M output",
+                            "slo_met": "SLO met", "saturated": "saturated"}) + "\n")
+    md.append(_sweep_findings(sweep) + "\n")
+
+    md.append("## Where the time goes in one iteration\n")
+    md.append(f"Cost model (`servesim cost`), one replica, workload mean lengths; B = the mean batch size "
+              f"simulated at {rate:g} req/s (" + ", ".join(f"{h}: {b}" for h, b in bsizes.items()) + "). "
+              "The steady-state row adds the prefill tokens of the B / osl requests that arrive per "
+              "iteration, as one chunk. `bottleneck` = the largest part, with whether it is compute- or "
+              "memory-bound.\n")
+    md.append(f"![{brk_png}]({brk_png})\n")
+    md.append(md_table(brk, {"hardware": "hardware", "tp": "TP", "batch": "batch", "time_ms": "time (ms)",
+                             "gemm_ms": "GEMM", "attention_ms": "attention", "elementwise_ms": "elementwise",
+                             "communication_ms": "communication", "overhead_ms": "overhead",
+                             "gemm_bound": "GEMM bound", "bottleneck": "bottleneck"}) + "\n")
+
+    md.append("## Cheapest configurations meeting the SLO\n")
+    md.append(f"`servesim plan` at {rate:g} req/s over {', '.join(spec.hardware)}, {spec.dtype}, TP 1/2/4/8, "
+              f"up to {spec.max_gpus} GPUs, 10% headroom under each target; {planned.simulations} simulations.\n")
+    if planned.best:
+        b = planned.best
+        md.append(f"**Cheapest:** {b['hardware']} TP={b['tp']} x {_n(b['replicas'], 'replica')} ({_n(b['num_gpus'], 'GPU')}), "
+                  f"${b['usd_per_hour']:.2f}/h, ${b['usd_per_million_output_tokens']:.3g} per million output "
+                  f"tokens, TTFT p99 {b['metrics']['ttft_ms']['p99']:.0f} ms, TPOT p99 "
+                  f"{b['metrics']['tpot_ms']['p99']:.1f} ms; it also meets the SLO with seed "
+                  f"{b['checks']['other_seed']['seed']}" + (
+                      f", and {_n(b['replicas'] - 1, 'replica')} do not" if "one_replica_fewer" in b["checks"] else "")
+                  + ".\n")
+    else:
+        md.append(f"**No configuration meets the SLO:** {planned.why_not}\n")
+    meets = cand[cand.status == "meets_slo"] if "status" in cand.columns else cand.iloc[:0]
+    if len(meets):
+        md.append(md_table(meets.head(8), {"hardware": "hardware", "dtype": "dtype", "tp": "TP",
+                                           "replicas": "replicas", "num_gpus": "GPUs", "usd_per_hour": "$/h",
+                                           "usd_per_million_output_tokens": "$/M output",
+                                           "ttft_ms_p99": "TTFT p99 (ms)", "tpot_ms_p99": "TPOT p99 (ms)",
+                                           "headroom": "headroom"}) + "\n")
+    rest = cand[cand.status != "meets_slo"] if "status" in cand.columns else cand.iloc[:0]
+    if len(rest):
+        md.append("Layouts that did not qualify:\n")
+        md.append(md_table(rest, {"hardware": "hardware", "tp": "TP", "status": "status", "reason": "reason"}) + "\n")
+    for p in pareto:
+        md.append(f"![{p}]({p})\n")
+
+    md.append("## Training vs serving cost\n")
+    if cmp_df is None:
+        md.append(f"Not computed: {cmp_err}\n")
+    else:
+        md.append(f"Training on {spec.train_tokens:.3g} tokens with {spec.train_gpus} GPUs (fastest layout "
+                  f"that fits, bf16, sequence 8192, global batch 1024) against serving at {rate:g} req/s "
+                  "on one replica (`servesim compare`). Break-even: the served output tokens whose serving "
+                  "spend equals the training spend.\n")
+        md.append(f"![{cmp_png}]({cmp_png})\n")
+        md.append(md_table(cmp_df, {"hardware": "hardware", "train_layout": "training layout", "train_mfu": "MFU",
+                                    "train_days": "days", "train_gpu_hours": "GPU-hours", "train_usd": "training $",
+                                    "serve_tp": "serving TP", "serve_usd_per_m_output": "serving $/M output",
+                                    "saturated": "serving saturated",
+                                    "break_even_output_tokens": "break-even output tokens"}) + "\n")
+
+    md.append("## Validation status of the profiles used\n")
+    md.append("How far to trust the numbers above. A profile either carries its own fitted efficiencies "
+              "or borrows them (`efficiency_from`) from the closest calibrated architecture, in which case "
+              "its predictions are extrapolations (its own peaks, bandwidths and links, another chip's "
+              "efficiencies). Errors are |predicted / measured - 1|, quoted from the calibration reports "
+              "(regenerate them with the scripts in `experiments/`, see `experiments/README.md`).\n")
+    for s in status:
+        kind = "own fit" if s["own_fit"] else f"borrowed from `{s['calibrated_on']}` (no measurements of " \
+                                              f"{s['hardware']} itself)"
+        md.append(f"### {s['hardware']}: {kind}\n")
+        md.append(f"Fit source: {s['fit_source']}\n")
+        if s["errors"]:
+            df = pd.DataFrame(s["errors"])
+            md.append(f"Errors of `{s['calibrated_on']}` (training rows are for all GPUs together):\n")
+            md.append(md_table(df, {"report": "check", "what": "rows", "n": "n", "median": "median error",
+                                    "p90": "p90 error", "file": "source"}) + "\n")
+        else:
+            md.append(f"No measurements of `{s['calibrated_on']}` in the calibration reports.\n")
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
+
+
+def _sweep_findings(df: pd.DataFrame) -> str:
+    """One sentence per hardware: the highest swept rate that meets the SLO unsaturated."""
+    lines = []
+    for (hw, tp), g in df[df.status == "ok"].groupby(["hardware", "tp"], sort=False):
+        ok = g[(g.slo_met.astype(bool)) & (~g.saturated.astype(bool))]
+        if len(ok):
+            r = ok.sort_values("rate").iloc[-1]
+            lines.append(f"- {hw} TP={tp}: highest swept rate meeting the SLO {r.rate:g} req/s "
+                         f"({r.throughput_output_tokens_per_s:.0f} output tok/s, "
+                         f"${r.cost_usd_per_million_output_tokens:.3g}/M output tokens).")
+        else:
+            lines.append(f"- {hw} TP={tp}: no swept rate meets the SLO on one replica.")
+    return "\n".join(lines)
