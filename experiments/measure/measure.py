@@ -266,7 +266,7 @@ def bench_copy(ctx, grid, dtypes, timer):
             log(f"copy {nbytes} B: skipped (out of memory)")
             continue
         t = timer(lambda: dst.copy_(src))
-        del src, dst
+        src = dst = None  # free the buffers before the next size
         yield _row("copy", dt, t, ctx, nbytes=nbytes)
         log(f"copy {nbytes / MB:.2f} MB: {t:.1f} us ({2 * nbytes / t / 1e3:.1f} GB/s read+write)")
 

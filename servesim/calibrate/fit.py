@@ -367,7 +367,7 @@ def fit_operators(data: OperatorData, hw, holdout: bool = True):
     """Fitted values (file units), residual frame, hold-out rows, warnings."""
     values, res, hold, warn = {}, [], [], list(data.skipped)
     params = ops.profile_params(hw)
-    peak, bw = hw.peak_flops["fp16"], hw.hbm_bw
+    peak = hw.peak_flops["fp16"]
     if data.gemm:
         g = pd.concat(data.gemm, ignore_index=True)
         g = g[np.isfinite(g["time_s"]) & (g["time_s"] > 0) & (g["m"] >= 1)].reset_index(drop=True)

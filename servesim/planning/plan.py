@@ -20,7 +20,7 @@ replica fewer (it must not meet the planner's criterion).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
