@@ -22,6 +22,15 @@ def _label(df: pd.DataFrame, keys) -> pd.Series:
     return df[list(keys)].astype(str).apply(lambda r: ", ".join(f"{k}={v}" for k, v in zip(keys, r)), axis=1)
 
 
+def _plain_log_x(ax, rates) -> None:
+    """Log-scaled rate axis with a tick at each swept rate, labelled with plain numbers."""
+    from matplotlib.ticker import NullFormatter
+    ticks = sorted(set(float(r) for r in rates))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:.3g}" for t in ticks], fontsize=8)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _save(fig, path: Path, plt) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -53,6 +62,7 @@ def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
             ax.scatter(k.rate, k[f"{m}_ms_p99"], s=90, facecolors="none", edgecolors="black", zorder=5,
                        label="knee")
         ax.set(xscale="log", yscale="log", xlabel="arrival rate (req/s)", ylabel=f"{title} (ms)", title=title)
+        _plain_log_x(ax, ok.rate)
         ax.legend(fontsize=7)
     paths.append(_save(fig, outdir / "latency_vs_rate.png", plt))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -71,6 +81,7 @@ def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
     sns.lineplot(data=ok, x="rate", y="cost_usd_per_million_output_tokens", hue="config", marker="o", ax=ax)
     ax.set(xscale="log", yscale="log", xlabel="arrival rate (req/s)", ylabel="$ per million output tokens",
            title="cost per token")
+    _plain_log_x(ax, ok.rate)
     paths.append(_save(fig, outdir / "cost_vs_rate.png", plt))
     return paths
 
