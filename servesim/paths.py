@@ -30,5 +30,10 @@ def models_dir() -> Path:
     return workloads_dir() / "models"
 
 
+def results_dir() -> Path:
+    """The calibration reports (experiments/results/*.md), shipped so installed reports can quote them."""
+    return _data_dir("results", "experiments/results")
+
+
 def traces_dir() -> Path:
     return workloads_dir() / "traces"

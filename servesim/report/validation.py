@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..paths import _REPO
+from ..paths import results_dir
 
-RESULTS_DIR = _REPO / "experiments" / "results"
+RESULTS_DIR = results_dir()
 REPORTS = (("cost model, per operator", "costmodel_validation.md"),
            ("serving, end to end", "serving_validation.md"),
            ("training step time", "training_validation.md"))
