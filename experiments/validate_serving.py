@@ -23,14 +23,15 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT))   # run from a checkout without installing
 
+from servesim.calibrate.profile_io import EFFICIENCY_FILE_KEYS, update_profile  # noqa: E402
 from servesim.calibrate.serving import (FIT_KEYS, error_table, fit_engine, hardware_name,  # noqa: E402
                                         load_published, predict)
 from servesim.config import load_hardware  # noqa: E402
 
-FILE_KEYS = {"iteration_overhead_s": ("iteration_overhead_us", 1e6, 1), "per_seq_overhead_s": ("per_seq_overhead_us", 1e6, 2),
-             "attn_prefill_max": ("attn_prefill_max", 1.0, 3), "attn_decode_hbm_fraction": ("attn_decode_hbm_fraction", 1.0, 3)}
+# SI field -> (file key, multiplier from SI to file units)
+FILE_KEYS = {field: (key, mult) for key, (field, mult) in EFFICIENCY_FILE_KEYS.items()}
 GEMM_SOURCE = ("experiments/fit_costmodel.py on Vidur per-operator timings (MIT): GEMM fit on Llama family, "
                "held out others; see experiments/results/costmodel_validation.md")
 SOURCE = (GEMM_SOURCE + "; iteration/per-seq overhead and attention efficiencies: experiments/validate_serving.py "
@@ -42,14 +43,9 @@ def split_of(kind: str) -> str:
 
 
 def write_profile(hw_name: str, fitted: dict) -> None:
-    import fit_costmodel as fc
-    values = {}
-    for k, v in fitted.items():
-        key, mult, dec = FILE_KEYS[k]
-        fc.DECIMALS.setdefault(key, dec)
-        values[key] = v * mult
+    values = {FILE_KEYS[k][0]: v * FILE_KEYS[k][1] for k, v in fitted.items()}
     path = ROOT / "hardware_profiles" / f"{hw_name}.toml"
-    path.write_text(fc.update_profile(path, values, SOURCE))
+    path.write_text(update_profile(path, values, SOURCE))
 
 
 def markdown(table: pd.DataFrame) -> str:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from servesim.errors import ConfigError
 
-# Decimals written per file key; keys not listed get 4 (validate_serving.py adds its own with setdefault).
+# Decimals written per file key; keys not listed get 4.
 DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_fraction": 3,
             "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
-            "elementwise_hbm_fraction": 3}
+            "elementwise_hbm_fraction": 3, "iteration_overhead_us": 1, "per_seq_overhead_us": 2,
+            "attn_prefill_max": 3, "attn_decode_hbm_fraction": 3}
 # [efficiency] file key -> (Efficiency field, multiplier from SI to file units), in file order.
 EFFICIENCY_FILE_KEYS = {
     "gemm_max": ("gemm_max", 1.0), "gemm_half_tokens": ("gemm_half_tokens", 1.0),
