@@ -146,8 +146,9 @@ def test_efficiency_fields_are_si_names():
                      "attn_prefill_max", "attn_decode_hbm_fraction", "scaleup_bw_fraction",
                      "scaleup_latency_s", "scaleout_bw_fraction", "scaleout_latency_s",
                      "pcie_bw_fraction", "pcie_latency_s", "iteration_overhead_s",
-                     "per_seq_overhead_s", "elementwise_hbm_fraction", "collective_base_latency_s",
-                     "fit_source"]
+                     "per_seq_overhead_s", "norm_hbm_fraction", "rope_hbm_fraction",
+                     "activation_hbm_fraction", "elementwise_latency_s", "collective_base_latency_s",
+                     "p2p_bw_fraction", "p2p_latency_s", "fit_source"]
 
 
 # -- malformed files ---------------------------------------------------------------------------
@@ -312,3 +313,11 @@ def test_readme_documents_every_key():
     for key in keys:
         assert key in readme, key
     assert "efficiency_from" in readme
+
+
+def test_renamed_efficiency_key_names_its_replacement(tmp_path):
+    path = _variant(tmp_path, "old-key", drop=("norm_hbm_fraction", "rope_hbm_fraction", "activation_hbm_fraction",
+                                               "elementwise_latency_us"),
+                    add_after={"per_seq_overhead_us": "elementwise_hbm_fraction = 0.6"})
+    msg = _error(path)
+    assert "elementwise_hbm_fraction" in msg and "norm_hbm_fraction" in msg and "elementwise_latency_us" in msg

@@ -16,7 +16,8 @@ from servesim.errors import ConfigError
 # Decimals written per file key; keys not listed get 4.
 DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_fraction": 3,
             "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
-            "elementwise_hbm_fraction": 3, "iteration_overhead_us": 1, "per_seq_overhead_us": 2,
+            "norm_hbm_fraction": 3, "rope_hbm_fraction": 3, "activation_hbm_fraction": 3,
+            "elementwise_latency_us": 2, "p2p_bw_fraction": 3, "p2p_latency_us": 2, "iteration_overhead_us": 1, "per_seq_overhead_us": 2,
             "attn_prefill_max": 3, "attn_decode_hbm_fraction": 3}
 # [efficiency] file key -> (Efficiency field, multiplier from SI to file units), in file order.
 EFFICIENCY_FILE_KEYS = {
@@ -27,8 +28,11 @@ EFFICIENCY_FILE_KEYS = {
     "scaleout_bw_fraction": ("scaleout_bw_fraction", 1.0), "scaleout_latency_us": ("scaleout_latency_s", 1e6),
     "pcie_bw_fraction": ("pcie_bw_fraction", 1.0), "pcie_latency_us": ("pcie_latency_s", 1e6),
     "iteration_overhead_us": ("iteration_overhead_s", 1e6), "per_seq_overhead_us": ("per_seq_overhead_s", 1e6),
-    "elementwise_hbm_fraction": ("elementwise_hbm_fraction", 1.0),
+    "norm_hbm_fraction": ("norm_hbm_fraction", 1.0), "rope_hbm_fraction": ("rope_hbm_fraction", 1.0),
+    "activation_hbm_fraction": ("activation_hbm_fraction", 1.0),
+    "elementwise_latency_us": ("elementwise_latency_s", 1e6),
     "collective_base_latency_us": ("collective_base_latency_s", 1e6),
+    "p2p_bw_fraction": ("p2p_bw_fraction", 1.0), "p2p_latency_us": ("p2p_latency_s", 1e6),
 }
 
 

@@ -53,9 +53,19 @@ _EFFICIENCY_KEYS = (
     ("pcie_latency_us", "pcie_latency_s", "nonneg"),
     ("iteration_overhead_us", "iteration_overhead_s", "nonneg"),
     ("per_seq_overhead_us", "per_seq_overhead_s", "nonneg"),
-    ("elementwise_hbm_fraction", "elementwise_hbm_fraction", "fraction"),
+    ("norm_hbm_fraction", "norm_hbm_fraction", "fraction"),
+    ("rope_hbm_fraction", "rope_hbm_fraction", "fraction"),
+    ("activation_hbm_fraction", "activation_hbm_fraction", "fraction"),
+    ("elementwise_latency_us", "elementwise_latency_s", "nonneg"),
     ("collective_base_latency_us", "collective_base_latency_s", "nonneg"),
+    ("p2p_bw_fraction", "p2p_bw_fraction", "fraction"),
+    ("p2p_latency_us", "p2p_latency_s", "nonneg"),
 )
+# Keys of older profiles, with what replaced them (named in the error message).
+_RENAMED_EFFICIENCY_KEYS = {
+    "elementwise_hbm_fraction": "norm_hbm_fraction, rope_hbm_fraction, activation_hbm_fraction and "
+                                "elementwise_latency_us (servesim 0.2: one fraction per kernel kind)",
+}
 _FRACTION_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "fraction")
 _POSITIVE_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "positive")
 
@@ -84,8 +94,13 @@ class Efficiency:
     pcie_latency_s: float
     iteration_overhead_s: float
     per_seq_overhead_s: float
-    elementwise_hbm_fraction: float   # norms, rope, activation, residuals
+    norm_hbm_fraction: float          # RMSNorm / LayerNorm kernels (per-token reductions)
+    rope_hbm_fraction: float          # rotary embedding of q and k
+    activation_hbm_fraction: float    # SiLU-and-multiply / GELU
+    elementwise_latency_s: float      # fixed time per elementwise kernel (residual adds stream at hbm_fraction)
     collective_base_latency_s: float  # once per collective (NCCL tuning model: base + per-hop latency)
+    p2p_bw_fraction: float            # point-to-point send/recv over the scale-up link: fraction of its bandwidth
+    p2p_latency_s: float              # fixed time of one send/recv over the scale-up link
     fit_source: str
 
 
@@ -232,6 +247,9 @@ def _load_file(path: Path) -> HardwareProfile:
 
 
 def _read_efficiency(table: Table) -> Efficiency:
+    for old, new in _RENAMED_EFFICIENCY_KEYS.items():
+        if table.has(old):
+            raise table.error(old, f"is no longer a key; it was replaced by {new}")
     table.expect_keys(["fit_source"] + [key for key, _, _ in _EFFICIENCY_KEYS])
     values: dict[str, object] = {"fit_source": table.str("fit_source", nonempty=True)}
     for key, field, kind in _EFFICIENCY_KEYS:

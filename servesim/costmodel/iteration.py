@@ -86,7 +86,7 @@ def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_de
         a += roofline_time_nb(kv_dec * p.attn_flops_kv_decode, kv_dec * p.kv_bytes_tok_layer + n_dec * p.q_bytes_tok_layer,
                               p.attn_peak, p.attn_prefill_max, p.hbm_bw, p.attn_decode_frac, p.latency)
     attn = n_layers * a
-    elem = n_layers * (tokens * p.elem_bytes_tok_layer / (p.hbm_bw * p.elem_frac) + p.elem_kernels * p.latency)
+    elem = n_layers * (tokens * p.elem_s_tok_layer + p.elem_kernels * p.elem_latency)
     # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
     comm_tp = 0.0
     if p.tp > 1.0:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
-from . import collectives
+from . import collectives, elementwise
 from .dtypes import activation_bytes, check_dtype, compute_dtype, kv_dtype_resolved
 from .memory import GiB, kv_bytes_per_token_layer, kv_heads_per_gpu, weight_bytes_per_gpu, weight_bytes_per_param
 
@@ -45,9 +45,9 @@ class CostParams(NamedTuple):
     q_bytes_tok_layer: float     # query + output per token per layer per GPU (16-bit)
     attn_flops_pair: float       # prefill FLOPs per (query, key) pair per layer per GPU
     attn_flops_kv_decode: float  # decode FLOPs per cached token per layer per GPU
-    elem_bytes_tok_layer: float  # norms, residuals, rope, activation
+    elem_s_tok_layer: float      # bandwidth time per token of a layer's elementwise kernels
     elem_kernels: float          # elementwise kernels per layer
-    elem_frac: float             # achieved HBM fraction of elementwise kernels
+    elem_latency: float          # fixed time per elementwise kernel
     coll_base: float             # base latency per collective call (not point-to-point sends)
     experts: float
     top_k: float
@@ -134,6 +134,8 @@ def lower(model, hw, layout: Layout) -> CostParams:
         attn_n = [m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim, heads * qk,
                   heads * (m.qk_nope_head_dim + m.v_head_dim), h]
         q_width = heads * qk
+        rope_width = (heads + 1) * m.qk_rope_head_dim   # per-head rope part of q + the shared rope key
+        latent_norms = ([m.q_lora_rank] if m.q_lora_rank > 0 else []) + [m.kv_lora_rank]
         flops_pair = 2.0 * heads * (qk + m.v_head_dim)
         # absorbed decode: scores over the latent + rope key, values over the latent (DeepSeek-V2 app. C)
         flops_kv_decode = 2.0 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
@@ -143,6 +145,8 @@ def lower(model, hw, layout: Layout) -> CostParams:
         attn_k = [h, heads * hd]
         attn_n = [(heads + 2 * kvh) * hd, h]
         q_width = heads * hd
+        rope_width = (heads + kvh) * hd
+        latent_norms = []
         flops_pair = 4.0 * heads * hd       # QK^T and PV, 2 FLOPs per MAC
         flops_kv_decode = 4.0 * heads * hd
     f = model.ffn_hidden_size
@@ -159,9 +163,9 @@ def lower(model, hw, layout: Layout) -> CostParams:
             sh_k, sh_n = [h, fs / tp], [gated * fs / tp, h]
         experts, top_k, router_n = float(moe.num_experts), float(moe.experts_per_token), float(moe.num_experts)
         f_act = fe * moe.experts_per_token + fs
-    elem_bytes = 2.0 * (10.0 * h + 3.0 * f_act / tp)
+    elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms)
     tp_link = collectives.link_for_group(hw, tp)
-    pp_link = collectives.link_for_group(hw, 2, span_in_domain=tp * pp)
+    pp_link = collectives.link_for_group(hw, 2, span_in_domain=tp * pp, p2p=True)
     n_moe = float(model.num_moe_layers) if model.moe is not None else 0.0
     active = model.active_param_count() - model.embedding_params()
     return CostParams(
@@ -175,7 +179,8 @@ def lower(model, hw, layout: Layout) -> CostParams:
         kv_bytes_tok_layer=kv_bytes_per_token_layer(model, tp, kv_dtype),
         q_bytes_tok_layer=2.0 * 2.0 * q_width,
         attn_flops_pair=flops_pair, attn_flops_kv_decode=flops_kv_decode,
-        elem_bytes_tok_layer=elem_bytes, elem_kernels=4.0, elem_frac=eff.elementwise_hbm_fraction,
+        elem_s_tok_layer=elementwise.seconds_per_token(elem, hw.hbm_bw, elementwise.kind_fractions(eff)),
+        elem_kernels=float(len(elem)), elem_latency=eff.elementwise_latency_s,
         coll_base=eff.collective_base_latency_s,
         experts=experts, top_k=top_k, router_n=router_n, vocab_gpu=model.vocab_size / tp,
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
