@@ -65,16 +65,23 @@ def all_to_all_time_nb(nbytes, n, bw, alpha):
     return reduce_scatter_time_nb(nbytes, n, bw, alpha)
 
 
-def link_for_group(hw, group_size: int, span_in_domain: int | None = None) -> tuple[str, float, float]:
+def link_for_group(hw, group_size: int, span_in_domain: int | None = None,
+                   p2p: bool = False) -> tuple[str, float, float]:
     """(link name, achieved per-direction bandwidth in B/s, latency in s) for a group of GPUs.
 
-    A group inside one scale-up domain uses NVLink/NVSwitch/Infinity Fabric/ICI; GPUs without a
-    scale-up fabric talk over PCIe; a group larger than the domain is bound by the NIC.
+    ``span_in_domain`` is how many consecutive GPUs the group spans (default: its size). A group
+    inside one scale-up domain uses NVLink/NVSwitch/Infinity Fabric/ICI; a group that stays in one
+    node but leaves the scale-up domain (no fabric, or NVLink-bridge pairs as on PCIe cards) is
+    bound by PCIe, the slowest hop of its ring; a group larger than a node is bound by the NIC.
+    ``p2p`` gives the point-to-point (send/recv) figures of the scale-up link instead of the
+    collective ones (NCCL runs p2p and collectives through different protocols).
     """
     eff = hw.efficiency
     span = group_size if span_in_domain is None else span_in_domain
     if span <= hw.scaleup_domain and hw.scaleup_bw > 0:
+        if p2p:
+            return "scaleup", hw.scaleup_bw * eff.p2p_bw_fraction, eff.p2p_latency_s
         return "scaleup", hw.scaleup_bw * eff.scaleup_bw_fraction, eff.scaleup_latency_s
-    if span <= hw.gpus_per_node and hw.scaleup_bw <= 0:
+    if span <= hw.gpus_per_node:
         return "pcie", hw.pcie_bw * eff.pcie_bw_fraction, eff.pcie_latency_s
     return "scaleout", hw.scaleout_bw * eff.scaleout_bw_fraction, eff.scaleout_latency_s

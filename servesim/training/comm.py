@@ -34,7 +34,8 @@ def _inner(hw, n_in, stride):
 
 
 def _outer(hw, n_out):
-    return link_for_group(hw, n_out, span_in_domain=hw.scaleup_domain + 1)
+    # across scale-up domains: PCIe while the domains share a node (NVLink-bridge pairs), else the NIC
+    return link_for_group(hw, n_out, span_in_domain=max(hw.scaleup_domain + 1, n_out * hw.scaleup_domain))
 
 
 def allreduce(hw, nbytes: float, n: int, stride: int = 1) -> float:
@@ -80,5 +81,5 @@ def p2p(hw, nbytes: float, stride: int) -> float:
     """One send between neighbours ``stride`` ranks apart (PP stages, CP ring steps)."""
     if nbytes <= 0:
         return 0.0
-    _, bw, a = link_for_group(hw, 2, span_in_domain=2 * stride if stride > 1 else 2)
+    _, bw, a = link_for_group(hw, 2, span_in_domain=2 * stride if stride > 1 else 2, p2p=True)
     return p2p_time_nb(nbytes, bw, a)
