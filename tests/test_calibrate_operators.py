@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from servesim.calibrate import vidur_dir
-from servesim.calibrate.operators import (GEMM_OPS, elementwise_frame, error_summary, fit_collectives, fit_gemm,
+from servesim.calibrate.operators import (GEMM_OPS, elementwise_frame, error_summary, layer_sums, fit_collectives, fit_gemm,
                                           predict_collectives, predict_elementwise, predict_gemm,
                                           read_vidur_mlp, read_vidur_network, relative_errors)
 from servesim.config import load_hardware
@@ -62,12 +62,14 @@ def test_read_vidur_mlp_gqa_shape():
 def test_elementwise_frame_sums_six_kernels():
     df = read_vidur_mlp(LLAMA2_7B_A100)
     el = elementwise_frame(df)
-    assert len(el) == df["row"].nunique()
-    row0 = el[el["row"] == 0].iloc[0]
+    assert set(el["op"]) == {"input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add"}
+    layer = layer_sums(el)
+    assert len(layer) == df["row"].nunique()
+    row0 = layer[layer["row"] == 0].iloc[0]
     # 0.105 (input norm) + 0.104 (post-attention norm) + 0.149 (rope) + 0.266 (act) + 2 * 0.055 (add), ms
     assert row0["time_s"] == pytest.approx((0.105 + 0.104 + 0.149 + 0.266 + 2 * 0.055) * 1e-3)
-    phi = elementwise_frame(read_vidur_mlp(COMPUTE / "a100" / "microsoft" / "phi-2" / "mlp.csv"))
-    assert phi["time_s"].notna().all()  # no post_attention_layernorm column: input norm counted twice
+    phi = layer_sums(elementwise_frame(read_vidur_mlp(COMPUTE / "a100" / "microsoft" / "phi-2" / "mlp.csv")))
+    assert len(phi) > 0 and phi["time_s"].notna().all()  # no post_attention_layernorm column: input norm counted twice
 
 
 def test_read_vidur_network():
@@ -198,3 +200,19 @@ def test_shipped_profiles_fit_dgx_all_reduce(profile, gpu):
     net = net[net["intra_node"]].copy()
     net["pred_s"] = predict_collectives(net, hw)
     assert error_summary(net, ["collective"])["median_rel_err"].iloc[0] < 0.25
+
+
+def test_predict_collectives_routes_groups_beyond_the_domain_over_pcie(a100):
+    import dataclasses
+    pairs = dataclasses.replace(a100, scaleup_domain=2, gpus_per_node=4)
+    e = a100.efficiency
+    frame = pd.DataFrame({"collective": ["all_reduce", "all_reduce", "send_recv"], "nbytes": [8e6, 8e6, 8e6],
+                          "num_workers": [2, 4, 2]})
+    got = predict_collectives(frame, pairs)
+    base = e.collective_base_latency_s
+    assert got[0] == pytest.approx(allreduce_time_nb(8e6, 2, a100.scaleup_bw * e.scaleup_bw_fraction,
+                                                     e.scaleup_latency_s, AUTO) + base)
+    assert got[1] == pytest.approx(allreduce_time_nb(8e6, 4, a100.pcie_bw * e.pcie_bw_fraction,
+                                                     e.pcie_latency_s, AUTO) + base)
+    assert got[2] == pytest.approx(p2p_time_nb(8e6, a100.scaleup_bw * e.p2p_bw_fraction, e.p2p_latency_s))
+    assert got[1] > 3 * got[0]  # PCIe Gen4 (32 GB/s) against NVLink (300 GB/s)

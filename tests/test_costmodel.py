@@ -190,3 +190,45 @@ def test_every_profile_prices_every_model(hw_name):
         assert rc.memory.kv_capacity_tokens > 0 or rc.memory.weight_bytes > 0.8 * hw.hbm_bytes
         priced += 1
     assert priced >= 2
+
+
+# -- links and elementwise kernels ------------------------------------------------------------------
+
+def test_tp_group_beyond_bridge_pairs_runs_over_pcie():
+    from servesim.costmodel.collectives import link_for_group
+    hw = load_hardware("h100-pcie")  # NVLink bridge joins pairs; 8 cards per node on PCIe
+    e = hw.efficiency
+    assert link_for_group(hw, 2)[0] == "scaleup"
+    name, bw, alpha = link_for_group(hw, 4)
+    assert name == "pcie" and bw == pytest.approx(hw.pcie_bw * e.pcie_bw_fraction) and alpha == e.pcie_latency_s
+    p4 = lower(load_model("llama-3.1-8b"), hw, Layout(tp=4))
+    assert p4.tp_bw == pytest.approx(hw.pcie_bw * e.pcie_bw_fraction)
+    # the same all-reduce over 64 GB/s PCIe costs more than over the 300 GB/s bridge
+    p2 = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2))
+    assert p4.tp_bw < p2.tp_bw
+
+
+def test_pipeline_sends_use_point_to_point_figures():
+    hw = load_hardware("h100-sxm")
+    e = hw.efficiency
+    p = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2, pp=2))
+    assert p.pp_bw == pytest.approx(hw.scaleup_bw * e.p2p_bw_fraction) and p.pp_alpha == e.p2p_latency_s
+    assert p.tp_bw == pytest.approx(hw.scaleup_bw * e.scaleup_bw_fraction)
+
+
+def test_elementwise_bytes_hand_derived():
+    from servesim.costmodel import elementwise as el
+    # Llama-2-7B layer at TP=1: h = 4096, 32 q + 32 kv heads of 128, gated f = 11008, 16-bit values
+    k = el.layer_kernels(4096, (32 + 32) * 128, 11008, True)
+    assert [kind for kind, _ in k] == ["norm", "norm", "rope", "activation", "stream", "stream"]
+    assert [b for _, b in k] == [2 * 4096 * 2, 2 * 4096 * 2,          # norm: read h, write h
+                                 2 * 8192 * 2,                        # rope: read + write q and k
+                                 (2 * 11008 + 11008) * 2,             # SiLU-and-mul: read 2f, write f
+                                 3 * 4096 * 2, 3 * 4096 * 2]          # add: read 2h, write h
+    hw = load_hardware("h100-sxm")
+    e = hw.efficiency
+    want = (2 * 16384 / e.norm_hbm_fraction + 32768 / e.rope_hbm_fraction + 66048 / e.activation_hbm_fraction
+            + 2 * 24576 / e.hbm_fraction) / hw.hbm_bw
+    p = lower(load_model("llama-2-7b"), hw, Layout())
+    assert p.elem_s_tok_layer == pytest.approx(want) and p.elem_kernels == 6
+    assert p.elem_latency == e.elementwise_latency_s

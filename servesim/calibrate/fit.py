@@ -28,8 +28,10 @@ Inputs (any mix; at least one):
 What is fitted, each with ``scipy.optimize.least_squares`` on log(pred / measured) inside physical
 bounds, by the fit functions of ``operators``, ``serving`` and ``training`` (not re-derived here):
 GEMM (``gemm_max``, ``gemm_half_tokens``, ``kernel_latency_us``, ``hbm_fraction``), elementwise /
-copy (``elementwise_hbm_fraction``), scale-up collectives (``scaleup_bw_fraction``,
-``scaleup_latency_us``, ``collective_base_latency_us``), engine (``iteration_overhead_us``,
+copy (``norm_hbm_fraction``, ``rope_hbm_fraction``, ``activation_hbm_fraction`` for the kernel kinds
+present, ``elementwise_latency_us``; copies stream at ``hbm_fraction``, fitted here only without GEMM
+rows), scale-up collectives (all-reduce: ``scaleup_bw_fraction``, ``scaleup_latency_us``,
+``collective_base_latency_us``; send-recv: ``p2p_bw_fraction``, ``p2p_latency_us``), engine (``iteration_overhead_us``,
 ``per_seq_overhead_us``, ``attn_decode_hbm_fraction``, with the operator-fitted values held fixed) and
 training (``compute_scale``, ``overlap``: not profile keys, reported only).
 """
@@ -415,36 +417,36 @@ def fit_operators(data: OperatorData, hw, holdout: bool = True):
 
 
 def _fit_memory(data: OperatorData, hw, params: dict, warn, res, hold, holdout):
-    """elementwise_hbm_fraction from Vidur elementwise rows (4 kernels of the cost model per layer) and
-    native copy rows (one kernel moving 2 x bytes), jointly, with the GEMM-fitted kernel latency."""
+    """Elementwise parameters from Vidur elementwise kernel rows (norms, rope, activation, residual
+    adds) and native copy rows (one streaming kernel moving 2 x bytes), jointly: the fraction of each
+    kernel kind present plus ``elementwise_latency_us``; ``hbm_fraction`` (the streaming kind's) too
+    when no GEMM rows fixed it."""
     parts = []
     if data.elementwise:
         e = pd.concat(data.elementwise, ignore_index=True)
-        parts.append(pd.DataFrame({"nbytes": ops.elementwise_bytes(e), "kernels": ops.ELEMENTWISE_KERNELS,
+        parts.append(pd.DataFrame({"kind": e["kind"].to_numpy(), "nbytes": e["nbytes"].to_numpy(),
                                    "time_s": e["time_s"].to_numpy(), "group": e["group"].to_numpy(),
-                                   "source": e["source"].to_numpy(), "what": "elementwise",
-                                   "tokens": e["num_tokens"].to_numpy()}))
+                                   "source": e["source"].to_numpy(), "what": e["op"].to_numpy()}))
     if data.copy:
         c = pd.concat(data.copy, ignore_index=True)
-        parts.append(pd.DataFrame({"nbytes": 2.0 * c["nbytes"].to_numpy(), "kernels": 1.0,
+        parts.append(pd.DataFrame({"kind": "stream", "nbytes": 2.0 * c["nbytes"].to_numpy(),
                                    "time_s": c["time_s"].to_numpy(), "group": c["group"].to_numpy(),
-                                   "source": c["source"].to_numpy(), "what": "copy", "tokens": np.nan}))
+                                   "source": c["source"].to_numpy(), "what": "copy"}))
     m = pd.concat(parts, ignore_index=True)
     m = m[np.isfinite(m["time_s"]) & (m["time_s"] > 0)].reset_index(drop=True)
     _faster_than("copy / elementwise rows", (m["nbytes"] / m["time_s"]).to_numpy(), hw.hbm_bw,
                  "nothing streams faster than HBM: bytes look 1000x too large or time_us 1000x too small")
-    latency_s = params["kernel_latency_us"] * 1e-6
-    names = ops.ELEMENTWISE_PARAMS
+    present = set(m["kind"])
+    free = [ops.KIND_PARAM[k] for k in ops.KIND_PARAM if k in present and k != "stream"]
+    if "stream" in present and not data.gemm:
+        free.append("hbm_fraction")
+    free.append("elementwise_latency_us")
 
     def pred(p, frame=m):
-        t = ops._memory_times_nb(frame["nbytes"].to_numpy(np.float64), hw.hbm_bw, p["elementwise_hbm_fraction"], 0.0)
-        return t + frame["kernels"].to_numpy() * latency_s
+        return ops.predict_elementwise(frame, hw, {**params, **p})
 
     def fit(frame):
-        log_meas = np.log(frame["time_s"].to_numpy(np.float64))
-        x0s = [[params["elementwise_hbm_fraction"]], [0.3], [0.8]]
-        return ops._fit(names, lambda x: np.log(pred({names[0]: x[0]}, frame)) - log_meas, x0s, len(frame),
-                        f"fit_memory({hw.name})")
+        return ops.fit_elementwise(frame, hw, params, free)
 
     fitted, w = _capture(fit, m)
     warn += w

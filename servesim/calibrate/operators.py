@@ -10,9 +10,10 @@ The formulas are the cost model's own, imported and called, never re-derived her
   ``gemm_max * M / (M + gemm_half_tokens)``, plus a fixed per-kernel latency).
 - all-reduce / send-recv: ``servesim.costmodel.collectives.allreduce_time_nb`` (alpha-beta, ring or
   tree, ``auto`` = the faster) and ``p2p_time_nb``.
-- elementwise work of one layer: the cost model charges ``tokens * 2 * (10 h + 3 f / TP)`` bytes at
-  ``hbm_bw * hbm_fraction`` plus ``4`` kernel latencies (``servesim/costmodel/params.py``,
-  ``elem_bytes``, and ``iteration.py``); evaluated here with ``roofline_time_nb`` with zero FLOPs.
+- elementwise kernels (norms, rope, activation, residual add): bytes per token from
+  ``servesim.costmodel.elementwise`` at ``hbm_bw`` times the kernel kind's fraction, plus
+  ``elementwise_latency_us`` per kernel; evaluated here with ``roofline_time_nb`` with zero FLOPs.
+- send-recv over the scale-up link: ``p2p_time_nb`` with ``p2p_bw_fraction`` and ``p2p_latency_us``.
 
 Fits minimise ``sum log(pred / measured)^2`` with ``scipy.optimize.least_squares`` inside physical
 bounds, so every row counts by its relative error whatever its absolute size.
@@ -27,8 +28,9 @@ import pandas as pd
 from numba import njit
 from scipy.optimize import least_squares
 
+from servesim.costmodel import elementwise as elem
 from servesim.costmodel.collectives import AUTO, allreduce_time_nb, p2p_time_nb
-from servesim.costmodel.roofline import gemm_time_nb, roofline_time_nb
+from servesim.costmodel.roofline import gemm_time_nb
 from servesim.errors import ConfigError
 
 # Vidur op name -> servesim operator class, with the GEMM shape per GPU (Megatron-style TP sharding,
@@ -42,6 +44,9 @@ GEMM_OPS = {
 }
 ELEMENTWISE_OPS = ("input_layernorm", "attn_rope", "mlp_act", "add")
 OPTIONAL_OPS = ("post_attention_layernorm", "emb")
+# Vidur elementwise op -> kernel kind of servesim.costmodel.elementwise
+ELEMENTWISE_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "attn_rope": "rope",
+                    "mlp_act": "activation", "add": "stream"}
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
                  "num_tokens", "num_tensor_parallel_workers")
 NETWORK_COLUMNS = ("collective", "num_workers", "size", "devices_per_node")
@@ -49,7 +54,11 @@ COLLECTIVES = ("all_reduce", "send_recv")
 
 GEMM_PARAMS = ("gemm_max", "gemm_half_tokens", "kernel_latency_us", "hbm_fraction")
 COLLECTIVE_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
-ELEMENTWISE_PARAMS = ("elementwise_hbm_fraction",)
+P2P_PARAMS = ("p2p_bw_fraction", "p2p_latency_us")
+# file key of each elementwise kind's fraction ("stream" = residual add / copy: the GEMMs' hbm_fraction)
+KIND_PARAM = {"norm": "norm_hbm_fraction", "rope": "rope_hbm_fraction", "activation": "activation_hbm_fraction",
+              "stream": "hbm_fraction"}
+ELEMENTWISE_PARAMS = ("norm_hbm_fraction", "rope_hbm_fraction", "activation_hbm_fraction", "elementwise_latency_us")
 # Physical bounds of the fitted parameters: fractions of a datasheet figure, a token count, microseconds.
 BOUNDS = {
     "gemm_max": (0.05, 1.0),
@@ -59,7 +68,12 @@ BOUNDS = {
     "scaleup_bw_fraction": (0.05, 1.0),
     "scaleup_latency_us": (0.0, 50.0),
     "collective_base_latency_us": (0.0, 100.0),
-    "elementwise_hbm_fraction": (0.05, 1.0),
+    "norm_hbm_fraction": (0.05, 1.0),
+    "rope_hbm_fraction": (0.05, 1.0),
+    "activation_hbm_fraction": (0.05, 1.0),
+    "elementwise_latency_us": (0.0, 50.0),
+    "p2p_bw_fraction": (0.05, 1.0),
+    "p2p_latency_us": (0.0, 100.0),
 }
 FP16_BYTES = 2.0
 # Bytes per unit of the Vidur network CSVs' ``size`` column. The shared README calls it "elements of
@@ -166,24 +180,52 @@ def read_vidur_mlp(path, gpu: str | None = None, model: str | None = None) -> pd
 
 
 def elementwise_frame(mlp: pd.DataFrame) -> pd.DataFrame:
-    """The elementwise work of one layer per measurement: pre-attention norm + pre-MLP norm + rope +
-    activation + 2 residual adds (``post_attention_layernorm`` where measured, else the input norm twice).
+    """The elementwise-kernel rows of a ``read_vidur_mlp`` frame, one per (measurement, op), with the
+    kernel ``kind`` (``ELEMENTWISE_KIND``) and ``nbytes``, the bytes the cost model charges it
+    (``servesim.costmodel.elementwise``: norm 4 h, add 6 h, rope 4 (q + kv heads) d / TP, activation
+    2 (g + 1) f / TP per token). ``op_class`` is ``"elementwise"``."""
+    _need(mlp, ("op", "num_tokens", "n_embd", "n_expanded_embd", "tp", "n_head", "n_kv_head",
+                "use_gated_mlp", "time_s"), "elementwise_frame")
+    e = mlp[mlp["op"].isin(list(ELEMENTWISE_KIND))].copy()
+    tokens = e["num_tokens"].to_numpy(np.float64)
+    h = e["n_embd"].to_numpy(np.float64)
+    tp = e["tp"].to_numpy(np.float64)
+    head_dim = h / e["n_head"].to_numpy(np.float64)
+    kv_gpu = np.maximum(e["n_kv_head"].to_numpy(np.float64) / tp, 1.0)
+    rope_width = (e["n_head"].to_numpy(np.float64) / tp + kv_gpu) * head_dim
+    f_gpu = e["n_expanded_embd"].to_numpy(np.float64) / tp
+    per_token = {"norm": elem.norm_bytes(h), "stream": elem.add_bytes(h), "rope": elem.rope_bytes(rope_width),
+                 "activation": np.where(e["use_gated_mlp"].to_numpy(bool), elem.activation_bytes(f_gpu, True),
+                                        elem.activation_bytes(f_gpu, False))}
+    e["kind"] = e["op"].map(ELEMENTWISE_KIND).to_numpy()
+    nbytes = np.zeros(len(e))
+    for kind, b in per_token.items():
+        nbytes = np.where(e["kind"].to_numpy() == kind, b, nbytes)
+    e["nbytes"] = tokens * nbytes
+    e["op_class"] = "elementwise"
+    return e.reset_index(drop=True)
 
-    Returns one row per (gpu, model, row) with ``op = op_class = "elementwise"`` and ``time_s`` the sum.
-    """
+
+def layer_sums(frame: pd.DataFrame, cols=("time_s", "pred_s")) -> pd.DataFrame:
+    """Per (gpu, model, row): the elementwise work of one layer, the sum of ``cols`` over its six
+    kernels: input norm + pre-MLP norm + rope + activation + 2 residual adds
+    (``post_attention_layernorm`` where measured, else the input norm twice: phi-2's files)."""
     keys = ["gpu", "model", "row"]
-    wide = mlp.pivot_table(index=keys, columns="op", values="time_s", aggfunc="first")
-    # Files without the column (phi-2: one norm per parallel block) -> NaN after a concat -> input norm.
-    second_norm = wide["input_layernorm"]
-    if "post_attention_layernorm" in wide:
-        second_norm = wide["post_attention_layernorm"].fillna(second_norm)
-    total = wide["input_layernorm"] + second_norm + wide["attn_rope"] + wide["mlp_act"] + 2.0 * wide["add"]
+    cols = [c for c in cols if c in frame.columns]
+    wide = frame.pivot_table(index=keys, columns="op", values=cols, aggfunc="first")
+    out = {}
+    for c in cols:
+        w = wide[c]
+        second = w["input_layernorm"]
+        if "post_attention_layernorm" in w:
+            second = w["post_attention_layernorm"].fillna(second)
+        out[c] = w["input_layernorm"] + second + w["attn_rope"] + w["mlp_act"] + 2.0 * w["add"]
     shape_cols = ["num_tokens", "tp", "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]
-    shapes = mlp.drop_duplicates(keys).set_index(keys)[shape_cols]
-    out = shapes.join(total.rename("time_s")).reset_index()
-    out.insert(3, "op", "elementwise")
-    out.insert(4, "op_class", "elementwise")
-    return out
+    shapes = frame.drop_duplicates(keys).set_index(keys)[shape_cols]
+    res = shapes.join(pd.DataFrame(out)).reset_index()
+    res.insert(3, "op", "elementwise")
+    res.insert(4, "op_class", "elementwise")
+    return res
 
 
 def read_vidur_network(path, system: str | None = None,
@@ -234,21 +276,13 @@ def _gemm_times_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_token
 
 
 @njit(cache=True)
-def _memory_times_nb(nbytes, hbm_bw, hbm_fraction, latency):
-    out = np.empty(nbytes.shape[0])
-    for i in range(nbytes.shape[0]):
-        out[i] = roofline_time_nb(0.0, nbytes[i], 1.0, 1.0, hbm_bw, hbm_fraction, latency)
-    return out
-
-
-@njit(cache=True)
 def _collective_times_nb(is_allreduce, nbytes, workers, bw, alpha, algorithm):
     out = np.empty(nbytes.shape[0])
     for i in range(nbytes.shape[0]):
         if is_allreduce[i]:
-            out[i] = allreduce_time_nb(nbytes[i], workers[i], bw, alpha, algorithm)
+            out[i] = allreduce_time_nb(nbytes[i], workers[i], bw[i], alpha[i], algorithm)
         else:
-            out[i] = p2p_time_nb(nbytes[i], bw, alpha)
+            out[i] = p2p_time_nb(nbytes[i], bw[i], alpha[i])
     return out
 
 
@@ -259,7 +293,10 @@ def profile_params(profile) -> dict:
             "kernel_latency_us": e.kernel_latency_s * 1e6, "hbm_fraction": e.hbm_fraction,
             "scaleup_bw_fraction": e.scaleup_bw_fraction, "scaleup_latency_us": e.scaleup_latency_s * 1e6,
             "collective_base_latency_us": e.collective_base_latency_s * 1e6,
-            "elementwise_hbm_fraction": e.elementwise_hbm_fraction}
+            "p2p_bw_fraction": e.p2p_bw_fraction, "p2p_latency_us": e.p2p_latency_s * 1e6,
+            "norm_hbm_fraction": e.norm_hbm_fraction, "rope_hbm_fraction": e.rope_hbm_fraction,
+            "activation_hbm_fraction": e.activation_hbm_fraction,
+            "elementwise_latency_us": e.elementwise_latency_s * 1e6}
 
 
 def _params(profile, params) -> dict:
@@ -289,41 +326,54 @@ def predict_gemm(frame: pd.DataFrame, profile, params: dict | None = None) -> np
                           p["hbm_fraction"], p["kernel_latency_us"] * 1e-6)
 
 
-def elementwise_bytes(frame: pd.DataFrame) -> np.ndarray:
-    """Bytes the cost model charges for one layer's elementwise work: tokens * 2 * (10 h + 3 f / TP)."""
-    _need(frame, ("num_tokens", "n_embd", "n_expanded_embd", "tp"), "elementwise_bytes")
-    h = frame["n_embd"].to_numpy(np.float64)
-    f = frame["n_expanded_embd"].to_numpy(np.float64)
-    tp = frame["tp"].to_numpy(np.float64)
-    return frame["num_tokens"].to_numpy(np.float64) * 2.0 * (10.0 * h + 3.0 * f / tp)
-
-
-ELEMENTWISE_KERNELS = 4.0  # the cost model's elementwise kernel count per layer (params.py, elem_kernels)
+def _kind_fractions(kinds: np.ndarray, p: dict) -> np.ndarray:
+    out = np.full(kinds.shape[0], np.nan)
+    for kind, key in KIND_PARAM.items():
+        out = np.where(kinds == kind, p[key], out)
+    if np.isnan(out).any():
+        raise ConfigError(f"elementwise rows: unknown kernel kind(s) {sorted(set(kinds[np.isnan(out)]))}; "
+                          f"known: {', '.join(KIND_PARAM)}")
+    return out
 
 
 def predict_elementwise(frame: pd.DataFrame, profile, params: dict | None = None) -> np.ndarray:
-    """Cost-model elementwise time (s) per layer: bytes at hbm_bw * elementwise_hbm_fraction + 4 kernel latencies."""
+    """Cost-model time (s) of each elementwise kernel row (columns ``kind``, ``nbytes``):
+    ``elementwise_latency + nbytes / (hbm_bw * fraction of its kind)``."""
+    _need(frame, ("kind", "nbytes"), "predict_elementwise")
     p = _params(profile, params)
-    return _memory_times_nb(elementwise_bytes(frame), profile.hbm_bw, p["elementwise_hbm_fraction"],
-                            ELEMENTWISE_KERNELS * p["kernel_latency_us"] * 1e-6)
+    frac = _kind_fractions(frame["kind"].to_numpy(), p)
+    return p["elementwise_latency_us"] * 1e-6 + frame["nbytes"].to_numpy(np.float64) / (profile.hbm_bw * frac)
 
 
 def predict_collectives(frame: pd.DataFrame, profile, params: dict | None = None,
                         algorithm: int = AUTO) -> np.ndarray:
-    """Cost-model time (s) of each all-reduce (``algorithm``, default auto) or send-recv row over the
-    scale-up link: bw = scaleup_bw * scaleup_bw_fraction, alpha = scaleup_latency."""
+    """Cost-model time (s) of each all-reduce (``algorithm``, default auto) or send-recv row, over the
+    link ``costmodel.collectives.link_for_group`` picks for its ``num_workers``. Scale-up link:
+    all-reduce at bw = scaleup_bw * scaleup_bw_fraction, alpha = scaleup_latency per step, plus
+    collective_base_latency once; send-recv at p2p_latency + nbytes / (scaleup_bw * p2p_bw_fraction).
+    Groups that leave the scale-up domain (PCIe inside a node, the NIC across nodes) use the
+    profile's own pcie / scaleout figures (not fitted here)."""
     _need(frame, ("collective", "nbytes", "num_workers"), "predict_collectives")
     p = _params(profile, params)
+    e = profile.efficiency
     is_ar = (frame["collective"] == "all_reduce").to_numpy()
-    return _collective_times_nb(is_ar,
-                                frame["nbytes"].to_numpy(np.float64), frame["num_workers"].to_numpy(np.float64),
-                                profile.scaleup_bw * p["scaleup_bw_fraction"], p["scaleup_latency_us"] * 1e-6,
-                                int(algorithm)) + is_ar * p["collective_base_latency_us"] * 1e-6
+    nbytes = frame["nbytes"].to_numpy(np.float64)
+    n = frame["num_workers"].to_numpy(np.float64)
+    in_domain = (n <= profile.scaleup_domain) & (profile.scaleup_bw > 0)
+    in_node = n <= profile.gpus_per_node
+    scaleup_bw = np.where(is_ar, p["scaleup_bw_fraction"], p["p2p_bw_fraction"]) * profile.scaleup_bw
+    scaleup_alpha = np.where(is_ar, p["scaleup_latency_us"], p["p2p_latency_us"]) * 1e-6
+    bw = np.select([in_domain, in_node], [scaleup_bw, np.full(len(n), profile.pcie_bw * e.pcie_bw_fraction)],
+                   profile.scaleout_bw * e.scaleout_bw_fraction)
+    alpha = np.select([in_domain, in_node], [scaleup_alpha, np.full(len(n), e.pcie_latency_s)],
+                      e.scaleout_latency_s)
+    t = _collective_times_nb(is_ar, nbytes, n, bw, alpha, int(algorithm))
+    return t + np.where(is_ar, p["collective_base_latency_us"] * 1e-6, 0.0)
 
 
 # -- fitting ------------------------------------------------------------------------------------
 
-def _fit(names, residual, x0s, n_rows: int, what: str) -> dict:
+def _fit(names, residual, x0s, n_rows: int, what: str, loss: str = "linear", f_scale: float = 1.0) -> dict:
     if n_rows < len(names) + 2:
         raise ConfigError(f"{what}: {n_rows} usable row(s); fitting {len(names)} parameters needs at "
                           f"least {len(names) + 2}")
@@ -333,7 +383,8 @@ def _fit(names, residual, x0s, n_rows: int, what: str) -> dict:
     for x0 in x0s:
         x0 = np.clip(np.asarray(x0, dtype=np.float64), lo + 1e-9 * (hi - lo), hi - 1e-9 * (hi - lo))
         res = least_squares(residual, x0, bounds=(lo, hi), x_scale=np.maximum(np.abs(x0), 1e-2 * (hi - lo)),
-                            method="trf", diff_step=1e-4, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=2000)
+                            method="trf", diff_step=1e-4, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=2000,
+                            loss=loss, f_scale=f_scale)
         if best is None or res.cost < best.cost:
             best = res
     fitted = {k: float(v) for k, v in zip(names, best.x)}
@@ -352,6 +403,12 @@ def _usable(frame: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
     sub = frame[mask]
     t = sub["time_s"].to_numpy(np.float64)
     return sub[np.isfinite(t) & (t > 0.0)]
+
+
+# Robust loss for the GEMM fit: tile/wave quantisation gives a saw-tooth residual with long tails that a
+# smooth efficiency curve cannot follow; soft-L1 (scipy least_squares, residuals beyond f_scale in log
+# time count linearly) keeps those rows from pulling the curve off the bulk.
+GEMM_LOSS = {"loss": "soft_l1", "f_scale": 0.1}
 
 
 def fit_gemm(frame: pd.DataFrame, profile) -> dict:
@@ -373,44 +430,54 @@ def fit_gemm(frame: pd.DataFrame, profile) -> dict:
 
     start = profile_params(profile)
     x0s = [[start[p] for p in GEMM_PARAMS], [0.7, 64.0, 5.0, 0.8], [0.9, 256.0, 2.0, 0.6]]
-    return _fit(GEMM_PARAMS, residual, x0s, len(sub), f"fit_gemm({profile.name})")
+    return _fit(GEMM_PARAMS, residual, x0s, len(sub), f"fit_gemm({profile.name})", **GEMM_LOSS)
 
 
 def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict:
-    """Fit (scaleup_bw_fraction, scaleup_latency_us) to the collective rows of ``frame`` (all-reduce
-    with ``algorithm``, default auto; send-recv rows, if any, as point-to-point). Dict in file units."""
+    """Fit the scale-up link to the collective rows of ``frame``: ``COLLECTIVE_PARAMS`` to the
+    all-reduce rows (``algorithm``, default auto) and ``P2P_PARAMS`` to the send-recv rows, each
+    where such rows exist (they share no parameter). Dict in file units."""
     _need(frame, ("collective", "nbytes", "num_workers", "time_s"), "fit_collectives")
     sub = _usable(frame, frame["collective"].isin(COLLECTIVES).to_numpy())
-    log_meas = np.log(sub["time_s"].to_numpy(np.float64))
-    is_ar = (sub["collective"] == "all_reduce").to_numpy()
-    nbytes = sub["nbytes"].to_numpy(np.float64)
-    workers = sub["num_workers"].to_numpy(np.float64)
-    link = profile.scaleup_bw
-
-    def residual(x):
-        t = _collective_times_nb(is_ar, nbytes, workers, link * x[0], x[1] * 1e-6, int(algorithm)) + is_ar * x[2] * 1e-6
-        return np.log(t) - log_meas
-
     start = profile_params(profile)
-    x0s = [[start[p] for p in COLLECTIVE_PARAMS], [0.5, 5.0, 10.0], [0.9, 1.0, 20.0]]
-    return _fit(COLLECTIVE_PARAMS, residual, x0s, len(sub), f"fit_collectives({profile.name})")
+    out = {}
+    for collective, names, x0s in (
+            ("all_reduce", COLLECTIVE_PARAMS, [[0.5, 5.0, 10.0], [0.9, 1.0, 20.0]]),
+            ("send_recv", P2P_PARAMS, [[0.5, 5.0], [0.9, 10.0]])):
+        rows = sub[sub["collective"] == collective]
+        if rows.empty:
+            continue
+        log_meas = np.log(rows["time_s"].to_numpy(np.float64))
+
+        def residual(x, rows=rows, names=names, log_meas=log_meas):
+            return np.log(predict_collectives(rows, profile, {**start, **dict(zip(names, x))}, algorithm)) - log_meas
+
+        out.update(_fit(names, residual, [[start[k] for k in names]] + x0s, len(rows),
+                        f"fit_collectives({profile.name}, {collective})"))
+    if not out:
+        raise ConfigError(f"fit_collectives({profile.name}): no all_reduce or send_recv rows")
+    return out
 
 
-def fit_elementwise(frame: pd.DataFrame, profile, params: dict) -> dict:
-    """Fit elementwise_hbm_fraction to the summed elementwise rows of ``frame`` (``elementwise_frame``),
-    with the kernel latency from ``params`` (the GEMM fit). Dict in file units."""
-    _need(frame, ("time_s", "num_tokens", "n_embd", "n_expanded_embd", "tp"), "fit_elementwise")
+def fit_elementwise(frame: pd.DataFrame, profile, params: dict | None = None, free=None) -> dict:
+    """Fit the elementwise parameters to kernel rows (``elementwise_frame``, or copy rows of kind
+    ``stream``): the fraction of each kind present and ``elementwise_latency_us``; ``free`` overrides
+    which (e.g. add ``hbm_fraction`` when only copies were measured). Other values come from
+    ``params`` (default: the profile). Dict in file units."""
+    _need(frame, ("time_s", "kind", "nbytes"), "fit_elementwise")
     sub = _usable(frame, np.ones(len(frame), dtype=bool))
+    if free is None:
+        present = set(sub["kind"])
+        free = [KIND_PARAM[k] for k in KIND_PARAM if k in present and k != "stream"] + ["elementwise_latency_us"]
+    names = tuple(free)
+    base = _params(profile, params)
     log_meas = np.log(sub["time_s"].to_numpy(np.float64))
-    nbytes = elementwise_bytes(sub)
-    latency = ELEMENTWISE_KERNELS * params["kernel_latency_us"] * 1e-6
 
     def residual(x):
-        return np.log(_memory_times_nb(nbytes, profile.hbm_bw, x[0], latency)) - log_meas
+        return np.log(predict_elementwise(sub, profile, {**base, **dict(zip(names, x))})) - log_meas
 
-    start = profile_params(profile)
-    x0s = [[start["elementwise_hbm_fraction"]], [0.3], [0.8]]
-    return _fit(ELEMENTWISE_PARAMS, residual, x0s, len(sub), f"fit_elementwise({profile.name})")
+    x0s = [[base[k] for k in names], [0.5 if k != "elementwise_latency_us" else 3.0 for k in names]]
+    return _fit(names, residual, x0s, len(sub), f"fit_elementwise({profile.name})")
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -437,6 +504,7 @@ def error_summary(frame: pd.DataFrame, by, pred: str = "pred_s", meas: str = "ti
     }).reset_index()
 
 
-__all__ = ["BOUNDS", "VIDUR_NETWORK_BYTES_PER_SIZE", "COLLECTIVE_PARAMS", "GEMM_OPS", "GEMM_PARAMS", "elementwise_bytes", "elementwise_frame",
+__all__ = ["BOUNDS", "VIDUR_NETWORK_BYTES_PER_SIZE", "COLLECTIVE_PARAMS", "ELEMENTWISE_PARAMS", "GEMM_OPS",
+           "GEMM_PARAMS", "KIND_PARAM", "P2P_PARAMS", "elementwise_frame", "layer_sums",
            "error_summary", "fit_collectives", "fit_gemm", "predict_collectives", "predict_elementwise",
            "predict_gemm", "profile_params", "read_vidur_mlp", "read_vidur_network", "relative_errors"]
