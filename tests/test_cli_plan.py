@@ -90,7 +90,7 @@ def test_sweep_partial_results_written_on_later_error(tmp_path):
 
 
 def test_plan_json_schema_and_outputs(tmp_path):
-    r = run("plan", "--hardware", "h100-sxm,l40s", "--tp", "1,2", "--rate", "10", "--slo", SLO,
+    r = run("plan", "--hardware", "h100-sxm,l40s", "--tp", "1,2", "--rate", "12", "--slo", SLO,
             "--num-requests", "300", "--workers", "1", "--format", "json", "-o", str(tmp_path))
     d = json.loads(r.stdout)
     b = d["best"]
@@ -99,7 +99,7 @@ def test_plan_json_schema_and_outputs(tmp_path):
     assert b["checks"]["other_seed"]["meets_slo"]
     assert d["candidates"][0]["status"] == "meets_slo"
     assert (tmp_path / "pareto.png").exists() and (tmp_path / "candidates.csv").exists()
-    t = run("plan", "--hardware", "h100-sxm", "--tp", "1", "--rate", "10", "--slo", SLO,
+    t = run("plan", "--hardware", "h100-sxm", "--tp", "1", "--rate", "12", "--slo", SLO,
             "--num-requests", "300", "--workers", "1").output
     assert t.startswith("best:") and "h100-sxm" in t
 

@@ -320,45 +320,70 @@ def _floors(b):
 
 def _choose(candidates, meeting, base, spec, backend):
     """The cheapest candidate that survives the honesty checks (another seed meets every SLO; one
-    replica fewer misses the planner's criterion -- searched downwards if it does not)."""
+    replica fewer misses the planner's criterion -- searched downwards if it does not). A candidate
+    that fails only on the other seed gets replicas added (up to ``max_replicas``) until both seeds
+    meet, and goes back in cost order among the remaining ones."""
     by_key = {id(c): by_r for c, by_r in meeting}
     extra = 0
-    for c in candidates:
-        if c["status"] != "meets_slo":
-            continue
+    queue = [c for c in candidates if c["status"] == "meets_slo"]
+    while queue:
+        c = queue.pop(0)
         lay = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
         cfg = replace(base, price=c["usd_per_gpu_hour"], **lay)
         by_r = by_key[id(c)]
         r = c["replicas"]
-        while r > 1:                       # one fewer must fail; if it passes, the bound started too high
-            fewer = by_r.get(r - 1) or _sim(replace(cfg, replicas=r - 1), spec.margin)
-            extra += (r - 1) not in by_r
-            by_r[r - 1] = fewer
-            if not fewer["ok"]:
-                break
-            r -= 1
-        if r != c["replicas"]:
-            c.update(_candidate(lay, c["usd_per_gpu_hour"], c["num_gpus"] // c["replicas"], by_r[r],
-                                {"capacity_rps": c["capacity_bound_rps_per_replica"],
-                                 "r_min": c["replicas_lower_bound"]}, c["simulations"]))
-        other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
-        extra += 1
-        checks = {"other_seed": {"seed": base.seed + 1, "meets_slo": other["ok"], "reasons": other["reasons"]}}
-        if r > 1:
-            checks["one_replica_fewer"] = {"replicas": r - 1, "meets_slo": by_r[r - 1]["ok"],
-                                           "reasons": by_r[r - 1]["reasons"]}
-        c["checks"] = checks
-        if other["ok"]:
-            best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
-                                      "usd_per_million_output_tokens")}
-            best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
-                                           "usd_per_million_input_tokens", "headroom", "cost_split", "checks")})
-            best["margin"] = spec.margin
-            best["rate"] = base.rate
-            best["metrics"] = c["metrics"]
-            return best, extra
-        c["status"] = "fails_other_seed"
-        c["reason"] = f"seed {base.seed + 1}: " + "; ".join(other["reasons"])
+        if c.get("checks") is None:
+            while r > 1:                   # one fewer must fail; if it passes, the bound started too high
+                fewer = by_r.get(r - 1) or _sim(replace(cfg, replicas=r - 1), spec.margin)
+                extra += (r - 1) not in by_r
+                by_r[r - 1] = fewer
+                if not fewer["ok"]:
+                    break
+                r -= 1
+            other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
+            extra += 1
+            added = 0
+            gpr = c["num_gpus"] // c["replicas"]
+            while not other["ok"] and r < spec.max_replicas and (r + 1) * gpr <= spec.max_gpus:
+                r += 1                     # meets on one seed only: one more replica, both seeds again
+                more = by_r.get(r) or _sim(replace(cfg, replicas=r), spec.margin)
+                extra += r not in by_r
+                by_r[r] = more
+                if not more["ok"]:
+                    break
+                other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
+                extra += 1
+                added += 1
+            if r != c["replicas"]:
+                c.update(_candidate(lay, c["usd_per_gpu_hour"], gpr, by_r[r],
+                                    {"capacity_rps": c["capacity_bound_rps_per_replica"],
+                                     "r_min": c["replicas_lower_bound"]}, c["simulations"]))
+            checks = {"other_seed": {"seed": base.seed + 1, "meets_slo": other["ok"], "reasons": other["reasons"]}}
+            if added and other["ok"]:
+                checks["other_seed"]["replicas_added"] = added
+            if r > 1 and (r - 1) in by_r:
+                checks["one_replica_fewer"] = {"replicas": r - 1, "meets_slo": by_r[r - 1]["ok"],
+                                               "reasons": by_r[r - 1]["reasons"]}
+            c["checks"] = checks
+            if not other["ok"]:
+                c["status"] = "fails_other_seed"
+                c["reason"] = f"seed {base.seed + 1}: " + "; ".join(other["reasons"])
+                continue
+            if added:                      # dearer now: back in cost order among the rest
+                queue.append(c)
+                queue.sort(key=lambda q: (q.get("usd_per_hour") or math.inf, q.get("num_gpus") or 0,
+                                          -(q.get("headroom") or 0.0)))
+                if queue[0] is not c:
+                    continue
+                queue.pop(0)
+        best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
+                                  "usd_per_million_output_tokens")}
+        best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
+                                       "usd_per_million_input_tokens", "headroom", "cost_split", "checks")})
+        best["margin"] = spec.margin
+        best["rate"] = base.rate
+        best["metrics"] = c["metrics"]
+        return best, extra
     return None, extra
 
 
@@ -389,7 +414,9 @@ def daily_cost(best, base, spec, backend):
     tasks = [(replace(cfg, rate=r), 1, best["replicas"], spec.margin) for r in spec.daily_rates]
     res = backend.map(search_task, tasks)
     hours = 24.0 / len(spec.daily_rates)
-    reps = [r["best"] if r["best"] is not None else best["replicas"] for r in res]
+    # a slot at the planned rate or above holds the checked peak deployment (both seeds meet there)
+    reps = [best["replicas"] if r["best"] is None or rate >= base.rate else r["best"]
+            for rate, r in zip(spec.daily_rates, res)]
     gpu_h = sum(n * gpr * hours for n in reps)
     peak_h = best["replicas"] * gpr * 24.0
     price = best["usd_per_gpu_hour"]
