@@ -437,7 +437,7 @@ def _fit_memory(data: OperatorData, hw, params: dict, warn, res, hold, holdout):
     _faster_than("copy / elementwise rows", (m["nbytes"] / m["time_s"]).to_numpy(), hw.hbm_bw,
                  "nothing streams faster than HBM: bytes look 1000x too large or time_us 1000x too small")
     present = set(m["kind"])
-    free = [ops.KIND_PARAM[k] for k in ops.KIND_PARAM if k in present and k != "stream"]
+    free = ops.kind_fractions_present(present)
     if "stream" in present and not data.gemm:
         free.append("hbm_fraction")
     free.append("elementwise_latency_us")

@@ -29,7 +29,7 @@ from numba import njit
 from scipy.optimize import least_squares
 
 from servesim.costmodel import elementwise as elem
-from servesim.costmodel.collectives import AUTO, allreduce_time_nb, p2p_time_nb
+from servesim.costmodel.collectives import AUTO, allreduce_time_nb, link_for_group, p2p_time_nb
 from servesim.costmodel.roofline import gemm_time_nb
 from servesim.errors import ConfigError
 
@@ -55,10 +55,10 @@ COLLECTIVES = ("all_reduce", "send_recv")
 GEMM_PARAMS = ("gemm_max", "gemm_half_tokens", "kernel_latency_us", "hbm_fraction")
 COLLECTIVE_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
 P2P_PARAMS = ("p2p_bw_fraction", "p2p_latency_us")
-# file key of each elementwise kind's fraction ("stream" = residual add / copy: the GEMMs' hbm_fraction)
-KIND_PARAM = {"norm": "norm_hbm_fraction", "rope": "rope_hbm_fraction", "activation": "activation_hbm_fraction",
-              "stream": "hbm_fraction"}
-ELEMENTWISE_PARAMS = ("norm_hbm_fraction", "rope_hbm_fraction", "activation_hbm_fraction", "elementwise_latency_us")
+# file key of each elementwise kind's fraction ("stream" = residual add / copy: the GEMMs' hbm_fraction);
+# fractions carry no unit, so the file keys are the Efficiency field names of the cost model's table
+KIND_PARAM = dict(elem.KIND_FIELD)
+ELEMENTWISE_PARAMS = tuple(v for k, v in KIND_PARAM.items() if k != "stream") + ("elementwise_latency_us",)
 # Physical bounds of the fitted parameters: fractions of a datasheet figure, a token count, microseconds.
 BOUNDS = {
     "gemm_max": (0.05, 1.0),
@@ -355,18 +355,16 @@ def predict_collectives(frame: pd.DataFrame, profile, params: dict | None = None
     profile's own pcie / scaleout figures (not fitted here)."""
     _need(frame, ("collective", "nbytes", "num_workers"), "predict_collectives")
     p = _params(profile, params)
-    e = profile.efficiency
     is_ar = (frame["collective"] == "all_reduce").to_numpy()
     nbytes = frame["nbytes"].to_numpy(np.float64)
     n = frame["num_workers"].to_numpy(np.float64)
-    in_domain = (n <= profile.scaleup_domain) & (profile.scaleup_bw > 0)
-    in_node = n <= profile.gpus_per_node
-    scaleup_bw = np.where(is_ar, p["scaleup_bw_fraction"], p["p2p_bw_fraction"]) * profile.scaleup_bw
-    scaleup_alpha = np.where(is_ar, p["scaleup_latency_us"], p["p2p_latency_us"]) * 1e-6
-    bw = np.select([in_domain, in_node], [scaleup_bw, np.full(len(n), profile.pcie_bw * e.pcie_bw_fraction)],
-                   profile.scaleout_bw * e.scaleout_bw_fraction)
-    alpha = np.select([in_domain, in_node], [scaleup_alpha, np.full(len(n), e.pcie_latency_s)],
-                      e.scaleout_latency_s)
+    sizes, row = np.unique(n, return_inverse=True)
+    links = [link_for_group(profile, int(v)) for v in sizes]  # the cost model's routing, per group size
+    scaleup = np.array([name == "scaleup" for name, _, _ in links])[row]
+    bw = np.where(scaleup, np.where(is_ar, p["scaleup_bw_fraction"], p["p2p_bw_fraction"]) * profile.scaleup_bw,
+                  np.array([b for _, b, _ in links])[row])
+    alpha = np.where(scaleup, np.where(is_ar, p["scaleup_latency_us"], p["p2p_latency_us"]) * 1e-6,
+                     np.array([a for _, _, a in links])[row])
     t = _collective_times_nb(is_ar, nbytes, n, bw, alpha, int(algorithm))
     return t + np.where(is_ar, p["collective_base_latency_us"] * 1e-6, 0.0)
 
@@ -459,6 +457,11 @@ def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict
     return out
 
 
+def kind_fractions_present(kinds) -> list:
+    """The fitted fraction keys of the kernel kinds in ``kinds`` (not ``stream``: that is hbm_fraction)."""
+    return [key for kind, key in KIND_PARAM.items() if kind in kinds and kind != "stream"]
+
+
 def fit_elementwise(frame: pd.DataFrame, profile, params: dict | None = None, free=None) -> dict:
     """Fit the elementwise parameters to kernel rows (``elementwise_frame``, or copy rows of kind
     ``stream``): the fraction of each kind present and ``elementwise_latency_us``; ``free`` overrides
@@ -468,7 +471,7 @@ def fit_elementwise(frame: pd.DataFrame, profile, params: dict | None = None, fr
     sub = _usable(frame, np.ones(len(frame), dtype=bool))
     if free is None:
         present = set(sub["kind"])
-        free = [KIND_PARAM[k] for k in KIND_PARAM if k in present and k != "stream"] + ["elementwise_latency_us"]
+        free = kind_fractions_present(present) + ["elementwise_latency_us"]
     names = tuple(free)
     base = _params(profile, params)
     log_meas = np.log(sub["time_s"].to_numpy(np.float64))
