@@ -304,8 +304,7 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
                      replicas=last["replicas"])
         candidates.append(c)
     order = {"meets_slo": 0, "misses_slo": 1, "pruned": 2, "over_budget": 3, "infeasible": 4, "error": 5}
-    candidates.sort(key=lambda c: (order.get(c["status"], 9), c.get("usd_per_hour") or math.inf,
-                                   c.get("num_gpus") or 0, -(c.get("headroom") or 0.0)))
+    candidates.sort(key=lambda c: (order.get(c["status"], 9),) + _cost_order(c))
     best, n_extra = _choose(candidates, meeting, base, spec, backend)
     why = None if best else why_not(candidates, rate)
     if best and spec.daily_rates:
@@ -314,68 +313,31 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     return PlanResult(best, candidates, why, n_sims + n_extra, space)
 
 
+def _cost_order(c):
+    return (c.get("usd_per_hour") or math.inf, c.get("num_gpus") or 0, -(c.get("headroom") or 0.0))
+
+
 def _floors(b):
     return {k: v for k, v in b.items() if k.endswith("_floor_ms")}
 
 
 def _choose(candidates, meeting, base, spec, backend):
-    """The cheapest candidate that survives the honesty checks (another seed meets every SLO; one
-    replica fewer misses the planner's criterion -- searched downwards if it does not). A candidate
-    that fails only on the other seed gets replicas added (up to ``max_replicas``) until both seeds
-    meet, and goes back in cost order among the remaining ones."""
+    """The cheapest candidate that survives the honesty checks (``_check``), in cost order; one that
+    needed replicas added for the other seed goes back in cost order among the remaining ones."""
     by_key = {id(c): by_r for c, by_r in meeting}
     extra = 0
     queue = [c for c in candidates if c["status"] == "meets_slo"]
     while queue:
         c = queue.pop(0)
-        lay = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
-        cfg = replace(base, price=c["usd_per_gpu_hour"], **lay)
-        by_r = by_key[id(c)]
-        r = c["replicas"]
         if c.get("checks") is None:
-            while r > 1:                   # one fewer must fail; if it passes, the bound started too high
-                fewer = by_r.get(r - 1) or _sim(replace(cfg, replicas=r - 1), spec.margin)
-                extra += (r - 1) not in by_r
-                by_r[r - 1] = fewer
-                if not fewer["ok"]:
-                    break
-                r -= 1
-            other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
-            extra += 1
-            added = 0
-            gpr = c["num_gpus"] // c["replicas"]
-            while not other["ok"] and r < spec.max_replicas and (r + 1) * gpr <= spec.max_gpus:
-                r += 1                     # meets on one seed only: one more replica, both seeds again
-                more = by_r.get(r) or _sim(replace(cfg, replicas=r), spec.margin)
-                extra += r not in by_r
-                by_r[r] = more
-                if not more["ok"]:
-                    break
-                other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
-                extra += 1
-                added += 1
-            if r != c["replicas"]:
-                c.update(_candidate(lay, c["usd_per_gpu_hour"], gpr, by_r[r],
-                                    {"capacity_rps": c["capacity_bound_rps_per_replica"],
-                                     "r_min": c["replicas_lower_bound"]}, c["simulations"]))
-            checks = {"other_seed": {"seed": base.seed + 1, "meets_slo": other["ok"], "reasons": other["reasons"]}}
-            if added and other["ok"]:
-                checks["other_seed"]["replicas_added"] = added
-            if r > 1 and (r - 1) in by_r:
-                checks["one_replica_fewer"] = {"replicas": r - 1, "meets_slo": by_r[r - 1]["ok"],
-                                               "reasons": by_r[r - 1]["reasons"]}
-            c["checks"] = checks
-            if not other["ok"]:
-                c["status"] = "fails_other_seed"
-                c["reason"] = f"seed {base.seed + 1}: " + "; ".join(other["reasons"])
+            added, n_sims = _check(c, by_key[id(c)], base, spec)
+            extra += n_sims
+            if c["status"] != "meets_slo":
                 continue
             if added:                      # dearer now: back in cost order among the rest
                 queue.append(c)
-                queue.sort(key=lambda q: (q.get("usd_per_hour") or math.inf, q.get("num_gpus") or 0,
-                                          -(q.get("headroom") or 0.0)))
-                if queue[0] is not c:
-                    continue
-                queue.pop(0)
+                queue.sort(key=_cost_order)
+                continue
         best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
                                   "usd_per_million_output_tokens")}
         best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
@@ -385,6 +347,54 @@ def _choose(candidates, meeting, base, spec, backend):
         best["metrics"] = c["metrics"]
         return best, extra
     return None, extra
+
+
+def _check(c, by_r, base, spec):
+    """Honesty checks of a candidate meeting the SLO, recorded in ``c["checks"]``: one replica fewer
+    must miss the planner's criterion (searched downwards if it does not); another seed must meet
+    every SLO (replicas added, up to ``max_replicas`` / ``max_gpus``, while it does not). Updates
+    ``c`` to the replica count found; marks it ``fails_other_seed`` when none works. Returns
+    (replicas added, simulations run)."""
+    lay = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+    cfg = replace(base, price=c["usd_per_gpu_hour"], **lay)
+    gpr = c["num_gpus"] // c["replicas"]
+    sims = 0
+
+    def at(r):                             # planner's criterion at r replicas, simulated once
+        nonlocal sims
+        if r not in by_r:
+            by_r[r] = _sim(replace(cfg, replicas=r), spec.margin)
+            sims += 1
+        return by_r[r]
+
+    r = c["replicas"]
+    while r > 1 and at(r - 1)["ok"]:       # one fewer must fail; if it passes, the bound started too high
+        r -= 1
+    other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
+    sims += 1
+    added = 0
+    while not other["ok"] and r < spec.max_replicas and (r + 1) * gpr <= spec.max_gpus:
+        r += 1                             # meets on one seed only: one more replica, both seeds again
+        if not at(r)["ok"]:
+            break
+        other = _sim(replace(cfg, replicas=r, seed=base.seed + 1), 0.0)
+        sims += 1
+        added += 1
+    if r != c["replicas"]:
+        c.update(_candidate(lay, c["usd_per_gpu_hour"], gpr, by_r[r],
+                            {"capacity_rps": c["capacity_bound_rps_per_replica"],
+                             "r_min": c["replicas_lower_bound"]}, c["simulations"]))
+    checks = {"other_seed": {"seed": base.seed + 1, "meets_slo": other["ok"], "reasons": other["reasons"]}}
+    if added and other["ok"]:
+        checks["other_seed"]["replicas_added"] = added
+    if r > 1 and (r - 1) in by_r:
+        checks["one_replica_fewer"] = {"replicas": r - 1, "meets_slo": by_r[r - 1]["ok"],
+                                       "reasons": by_r[r - 1]["reasons"]}
+    c["checks"] = checks
+    if not other["ok"]:
+        c["status"] = "fails_other_seed"
+        c["reason"] = f"seed {base.seed + 1}: " + "; ".join(other["reasons"])
+    return (added if other["ok"] else 0), sims
 
 
 def why_not(candidates, rate) -> str:
