@@ -156,14 +156,32 @@ def test_fit_collectives_recovers_known_parameters(a100):
         for s in np.geomspace(2e3, 6.7e7, 30):
             rows.append({"collective": "all_reduce", "nbytes": s, "num_workers": n,
                          "time_s": base + allreduce_time_nb(s, n, bw, alpha, AUTO)})
-    for s in np.geomspace(2e3, 6.7e7, 10):
-        rows.append({"collective": "send_recv", "nbytes": s, "num_workers": 2, "time_s": p2p_time_nb(s, bw, alpha)})
+    step = a100.efficiency.p2p_large_message_bytes
+    p2p_bw, p2p_large_bw, p2p_alpha = a100.scaleup_bw * 0.9, a100.scaleup_bw * 0.7, 12e-6
+    for s in np.geomspace(2e3, 1.3e8, 20):
+        rows.append({"collective": "send_recv", "nbytes": s, "num_workers": 2,
+                     "time_s": p2p_time_nb(s, p2p_bw, p2p_alpha, p2p_large_bw, step)})
     frame = pd.DataFrame(rows)
     fit = fit_collectives(frame, a100)
     assert fit["scaleup_bw_fraction"] == pytest.approx(0.8, rel=0.02)
     assert fit["scaleup_latency_us"] == pytest.approx(6.0, rel=0.03)
     assert fit["collective_base_latency_us"] == pytest.approx(20.0, rel=0.03)
+    assert fit["p2p_bw_fraction"] == pytest.approx(0.9, rel=0.02)
+    assert fit["p2p_large_bw_fraction"] == pytest.approx(0.7, rel=0.02)
+    assert fit["p2p_latency_us"] == pytest.approx(12.0, rel=0.03)
     assert np.max(np.abs(relative_errors(predict_collectives(frame, a100, fit), frame["time_s"]))) < 0.01
+    # send-recv rows all below the step say nothing of the rate above it: that one is not fitted
+    small = frame[(frame["collective"] == "send_recv") & (frame["nbytes"] <= step)]
+    assert set(fit_collectives(small, a100)) == {"p2p_bw_fraction", "p2p_latency_us"}
+
+
+def test_send_recv_steps_to_the_large_message_rate(a100):
+    e = a100.efficiency
+    step = e.p2p_large_message_bytes
+    frame = pd.DataFrame({"collective": "send_recv", "nbytes": [step, step + 1.0], "num_workers": 2})
+    below, above = predict_collectives(frame, a100)
+    assert below == pytest.approx(e.p2p_latency_s + step / (a100.scaleup_bw * e.p2p_bw_fraction))
+    assert above == pytest.approx(e.p2p_latency_s + (step + 1.0) / (a100.scaleup_bw * e.p2p_large_bw_fraction))
 
 
 def test_error_summary():
@@ -214,5 +232,5 @@ def test_predict_collectives_routes_groups_beyond_the_domain_over_pcie(a100):
                                                      e.scaleup_latency_s, AUTO) + base)
     assert got[1] == pytest.approx(allreduce_time_nb(8e6, 4, a100.pcie_bw * e.pcie_bw_fraction,
                                                      e.pcie_latency_s, AUTO) + base)
-    assert got[2] == pytest.approx(p2p_time_nb(8e6, a100.scaleup_bw * e.p2p_bw_fraction, e.p2p_latency_s))
+    assert got[2] == pytest.approx(e.p2p_latency_s + 8e6 / (a100.scaleup_bw * e.p2p_bw_fraction))
     assert got[1] > 3 * got[0]  # PCIe Gen4 (32 GB/s) against NVLink (300 GB/s)

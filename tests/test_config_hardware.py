@@ -67,6 +67,7 @@ def test_h100_sxm_si_conversion():
     assert eff.iteration_overhead_s == pytest.approx(raw["iteration_overhead_us"] * 1e-6)
     assert eff.per_seq_overhead_s == pytest.approx(raw["per_seq_overhead_us"] * 1e-6)
     assert eff.scaleup_latency_s == pytest.approx(raw["scaleup_latency_us"] * 1e-6)
+    assert eff.p2p_large_message_bytes == pytest.approx(raw["p2p_large_message_mib"] * 2.0 ** 20)
     assert eff.gemm_half_tokens == raw["gemm_half_tokens"]
 
 
@@ -148,7 +149,8 @@ def test_efficiency_fields_are_si_names():
                      "pcie_bw_fraction", "pcie_latency_s", "iteration_overhead_s",
                      "per_seq_overhead_s", "norm_hbm_fraction", "rope_hbm_fraction",
                      "activation_hbm_fraction", "elementwise_latency_s", "collective_base_latency_s",
-                     "p2p_bw_fraction", "p2p_latency_s", "fit_source"]
+                     "p2p_bw_fraction", "p2p_latency_s", "p2p_large_bw_fraction",
+                     "p2p_large_message_bytes", "fit_source"]
 
 
 # -- malformed files ---------------------------------------------------------------------------

@@ -213,7 +213,13 @@ def test_pipeline_sends_use_point_to_point_figures():
     e = hw.efficiency
     p = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2, pp=2))
     assert p.pp_bw == pytest.approx(hw.scaleup_bw * e.p2p_bw_fraction) and p.pp_alpha == e.p2p_latency_s
+    assert p.pp_bw_large == pytest.approx(hw.scaleup_bw * e.p2p_large_bw_fraction)
+    assert p.pp_large_bytes == e.p2p_large_message_bytes
     assert p.tp_bw == pytest.approx(hw.scaleup_bw * e.scaleup_bw_fraction)
+    # a PP group that leaves the node sends over the NIC at one rate (no step)
+    wide = lower(load_model("llama-3.1-8b"), hw, Layout(tp=8, pp=2))
+    assert wide.pp_bw == wide.pp_bw_large == pytest.approx(hw.scaleout_bw * e.scaleout_bw_fraction)
+    assert wide.pp_large_bytes == float("inf")
 
 
 def test_elementwise_bytes_hand_derived():

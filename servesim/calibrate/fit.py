@@ -31,7 +31,8 @@ GEMM (``gemm_max``, ``gemm_half_tokens``, ``kernel_latency_us``, ``hbm_fraction`
 copy (``norm_hbm_fraction``, ``rope_hbm_fraction``, ``activation_hbm_fraction`` for the kernel kinds
 present, ``elementwise_latency_us``; copies stream at ``hbm_fraction``, fitted here only without GEMM
 rows), scale-up collectives (all-reduce: ``scaleup_bw_fraction``, ``scaleup_latency_us``,
-``collective_base_latency_us``; send-recv: ``p2p_bw_fraction``, ``p2p_latency_us``), engine (``iteration_overhead_us``,
+``collective_base_latency_us``; send-recv: ``p2p_bw_fraction``, ``p2p_latency_us``,
+``p2p_large_bw_fraction`` where rows lie above ``p2p_large_message_mib``), engine (``iteration_overhead_us``,
 ``per_seq_overhead_us``, ``attn_decode_hbm_fraction``, with the operator-fitted values held fixed) and
 training (``compute_scale``, ``overlap``: not profile keys, reported only).
 """

@@ -13,7 +13,8 @@ The formulas are the cost model's own, imported and called, never re-derived her
 - elementwise kernels (norms, rope, activation, residual add): bytes per token from
   ``servesim.costmodel.elementwise`` at ``hbm_bw`` times the kernel kind's fraction, plus
   ``elementwise_latency_us`` per kernel; evaluated here with ``roofline_time_nb`` with zero FLOPs.
-- send-recv over the scale-up link: ``p2p_time_nb`` with ``p2p_bw_fraction`` and ``p2p_latency_us``.
+- send-recv over the scale-up link: ``p2p_time_nb`` with ``p2p_bw_fraction`` and ``p2p_latency_us``, and
+  ``p2p_large_bw_fraction`` for messages above ``p2p_large_message_mib``.
 
 Fits minimise ``sum log(pred / measured)^2`` with ``scipy.optimize.least_squares`` inside physical
 bounds, so every row counts by its relative error whatever its absolute size.
@@ -54,7 +55,7 @@ COLLECTIVES = ("all_reduce", "send_recv")
 
 GEMM_PARAMS = ("gemm_max", "gemm_half_tokens", "kernel_latency_us", "hbm_fraction")
 COLLECTIVE_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
-P2P_PARAMS = ("p2p_bw_fraction", "p2p_latency_us")
+P2P_PARAMS = ("p2p_bw_fraction", "p2p_latency_us", "p2p_large_bw_fraction")
 # file key of each elementwise kind's fraction ("stream" = residual add / copy: the GEMMs' hbm_fraction);
 # fractions carry no unit, so the file keys are the Efficiency field names of the cost model's table
 KIND_PARAM = dict(elem.KIND_FIELD)
@@ -74,6 +75,7 @@ BOUNDS = {
     "elementwise_latency_us": (0.0, 50.0),
     "p2p_bw_fraction": (0.05, 1.0),
     "p2p_latency_us": (0.0, 100.0),
+    "p2p_large_bw_fraction": (0.05, 1.0),
 }
 FP16_BYTES = 2.0
 # Bytes per unit of the Vidur network CSVs' ``size`` column. The shared README calls it "elements of
@@ -276,13 +278,13 @@ def _gemm_times_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_token
 
 
 @njit(cache=True)
-def _collective_times_nb(is_allreduce, nbytes, workers, bw, alpha, algorithm):
+def _collective_times_nb(is_allreduce, nbytes, workers, bw, alpha, bw_large, large_bytes, algorithm):
     out = np.empty(nbytes.shape[0])
     for i in range(nbytes.shape[0]):
         if is_allreduce[i]:
             out[i] = allreduce_time_nb(nbytes[i], workers[i], bw[i], alpha[i], algorithm)
         else:
-            out[i] = p2p_time_nb(nbytes[i], bw[i], alpha[i])
+            out[i] = p2p_time_nb(nbytes[i], bw[i], alpha[i], bw_large[i], large_bytes[i])
     return out
 
 
@@ -294,6 +296,8 @@ def profile_params(profile) -> dict:
             "scaleup_bw_fraction": e.scaleup_bw_fraction, "scaleup_latency_us": e.scaleup_latency_s * 1e6,
             "collective_base_latency_us": e.collective_base_latency_s * 1e6,
             "p2p_bw_fraction": e.p2p_bw_fraction, "p2p_latency_us": e.p2p_latency_s * 1e6,
+            "p2p_large_bw_fraction": e.p2p_large_bw_fraction,
+            "p2p_large_message_mib": e.p2p_large_message_bytes / 2.0 ** 20,
             "norm_hbm_fraction": e.norm_hbm_fraction, "rope_hbm_fraction": e.rope_hbm_fraction,
             "activation_hbm_fraction": e.activation_hbm_fraction,
             "elementwise_latency_us": e.elementwise_latency_s * 1e6}
@@ -350,8 +354,8 @@ def predict_collectives(frame: pd.DataFrame, profile, params: dict | None = None
     """Cost-model time (s) of each all-reduce (``algorithm``, default auto) or send-recv row, over the
     link ``costmodel.collectives.link_for_group`` picks for its ``num_workers``. Scale-up link:
     all-reduce at bw = scaleup_bw * scaleup_bw_fraction, alpha = scaleup_latency per step, plus
-    collective_base_latency once; send-recv at p2p_latency + nbytes / (scaleup_bw * p2p_bw_fraction).
-    Groups that leave the scale-up domain (PCIe inside a node, the NIC across nodes) use the
+    collective_base_latency once; send-recv at p2p_latency + nbytes / (scaleup_bw * p2p_bw_fraction),
+    or at p2p_large_bw_fraction for messages above p2p_large_message_mib. Groups that leave the scale-up domain (PCIe inside a node, the NIC across nodes) use the
     profile's own pcie / scaleout figures (not fitted here)."""
     _need(frame, ("collective", "nbytes", "num_workers"), "predict_collectives")
     p = _params(profile, params)
@@ -365,7 +369,9 @@ def predict_collectives(frame: pd.DataFrame, profile, params: dict | None = None
                   np.array([b for _, b, _ in links])[row])
     alpha = np.where(scaleup, np.where(is_ar, p["scaleup_latency_us"], p["p2p_latency_us"]) * 1e-6,
                      np.array([a for _, _, a in links])[row])
-    t = _collective_times_nb(is_ar, nbytes, n, bw, alpha, int(algorithm))
+    bw_large = np.where(scaleup & ~is_ar, p["p2p_large_bw_fraction"] * profile.scaleup_bw, bw)
+    large_bytes = np.where(scaleup & ~is_ar, p["p2p_large_message_mib"] * 2.0 ** 20, np.inf)
+    t = _collective_times_nb(is_ar, nbytes, n, bw, alpha, bw_large, large_bytes, int(algorithm))
     return t + np.where(is_ar, p["collective_base_latency_us"] * 1e-6, 0.0)
 
 
@@ -434,7 +440,8 @@ def fit_gemm(frame: pd.DataFrame, profile) -> dict:
 def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict:
     """Fit the scale-up link to the collective rows of ``frame``: ``COLLECTIVE_PARAMS`` to the
     all-reduce rows (``algorithm``, default auto) and ``P2P_PARAMS`` to the send-recv rows, each
-    where such rows exist (they share no parameter). Dict in file units."""
+    where such rows exist (they share no parameter). Of the two send-recv rates only those with
+    rows on their side of ``p2p_large_message_mib`` (not fitted) are fitted. Dict in file units."""
     _need(frame, ("collective", "nbytes", "num_workers", "time_s"), "fit_collectives")
     sub = _usable(frame, frame["collective"].isin(COLLECTIVES).to_numpy())
     start = profile_params(profile)
@@ -445,6 +452,8 @@ def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict
         rows = sub[sub["collective"] == collective]
         if rows.empty:
             continue
+        if collective == "send_recv":
+            names, x0s = _p2p_free(rows, start["p2p_large_message_mib"] * 2.0 ** 20)
         log_meas = np.log(rows["time_s"].to_numpy(np.float64))
 
         def residual(x, rows=rows, names=names, log_meas=log_meas):
@@ -455,6 +464,18 @@ def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict
     if not out:
         raise ConfigError(f"fit_collectives({profile.name}): no all_reduce or send_recv rows")
     return out
+
+
+def _p2p_free(rows: pd.DataFrame, large_bytes: float):
+    """The send-recv parameters the rows can pin down, and start points for them."""
+    big = rows["nbytes"].to_numpy(np.float64) > large_bytes
+    names = ["p2p_latency_us"]
+    if (~big).any():
+        names.insert(0, "p2p_bw_fraction")
+    if big.any():
+        names.append("p2p_large_bw_fraction")
+    guess = {"p2p_bw_fraction": (0.5, 0.9), "p2p_latency_us": (5.0, 10.0), "p2p_large_bw_fraction": (0.5, 0.9)}
+    return tuple(names), [[guess[k][j] for k in names] for j in (0, 1)]
 
 
 def kind_fractions_present(kinds) -> list:

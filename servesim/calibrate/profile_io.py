@@ -17,7 +17,8 @@ from servesim.errors import ConfigError
 DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_fraction": 3,
             "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
             "norm_hbm_fraction": 3, "rope_hbm_fraction": 3, "activation_hbm_fraction": 3,
-            "elementwise_latency_us": 2, "p2p_bw_fraction": 3, "p2p_latency_us": 2, "iteration_overhead_us": 1, "per_seq_overhead_us": 2,
+            "elementwise_latency_us": 2, "p2p_bw_fraction": 3, "p2p_latency_us": 2,
+            "p2p_large_bw_fraction": 3, "p2p_large_message_mib": 1, "iteration_overhead_us": 1, "per_seq_overhead_us": 2,
             "attn_prefill_max": 3, "attn_decode_hbm_fraction": 3}
 # [efficiency] file key -> (Efficiency field, multiplier from SI to file units), in file order.
 EFFICIENCY_FILE_KEYS = {
@@ -33,6 +34,8 @@ EFFICIENCY_FILE_KEYS = {
     "elementwise_latency_us": ("elementwise_latency_s", 1e6),
     "collective_base_latency_us": ("collective_base_latency_s", 1e6),
     "p2p_bw_fraction": ("p2p_bw_fraction", 1.0), "p2p_latency_us": ("p2p_latency_s", 1e6),
+    "p2p_large_bw_fraction": ("p2p_large_bw_fraction", 1.0),
+    "p2p_large_message_mib": ("p2p_large_message_bytes", 2.0 ** -20),
 }
 
 

@@ -9,6 +9,7 @@ Units are converted once, here (schema and sources in ``hardware_profiles/README
   half of it (NVIDIA H100 datasheet: "NVLink: 900GB/s" = 18 links x 50 GB/s bidirectional).
 - ``scaleout_bandwidth_Gbps``             x 1e9 / 8 -> bytes/s per GPU, per direction (NIC line rate)
 - ``*_us``                                x 1e-6 -> seconds
+- ``*_mib``                               x 2**20 -> bytes
 
 A profile either carries its own ``[efficiency]`` (``efficiency_from = ""``) or names a calibrated
 profile whose ``[efficiency]`` it borrows; chains are not allowed, so a borrowed block is always a
@@ -60,6 +61,8 @@ _EFFICIENCY_KEYS = (
     ("collective_base_latency_us", "collective_base_latency_s", "nonneg"),
     ("p2p_bw_fraction", "p2p_bw_fraction", "fraction"),
     ("p2p_latency_us", "p2p_latency_s", "nonneg"),
+    ("p2p_large_bw_fraction", "p2p_large_bw_fraction", "fraction"),
+    ("p2p_large_message_mib", "p2p_large_message_bytes", "positive"),
 )
 # Keys of older profiles, with what replaced them (named in the error message).
 _RENAMED_EFFICIENCY_KEYS = {
@@ -101,6 +104,8 @@ class Efficiency:
     collective_base_latency_s: float  # once per collective (NCCL tuning model: base + per-hop latency)
     p2p_bw_fraction: float            # point-to-point send/recv over the scale-up link: fraction of its bandwidth
     p2p_latency_s: float              # fixed time of one send/recv over the scale-up link
+    p2p_large_bw_fraction: float      # the same, for messages larger than p2p_large_message_bytes
+    p2p_large_message_bytes: float    # where send/recv steps to p2p_large_bw_fraction
     fit_source: str
 
 
@@ -259,7 +264,7 @@ def _read_efficiency(table: Table) -> Efficiency:
             value = table.float(key, gt=0.0)
         else:
             value = table.float(key, ge=0.0)
-        values[field] = value * 1e-6 if key.endswith("_us") else value
+        values[field] = value * 1e-6 if key.endswith("_us") else value * 2.0 ** 20 if key.endswith("_mib") else value
     return Efficiency(**values)
 
 

@@ -95,7 +95,7 @@ def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_de
             n_logit * p.vocab_gpu * p.tp * 4.0, p.tp, p.tp_bw, p.tp_alpha)
     send = 0.0
     if p.pp > 1.0:
-        send = p2p_time_nb(tokens * p.hidden * 2.0, p.pp_bw, p.pp_alpha)
+        send = p2p_time_nb(tokens * p.hidden * 2.0, p.pp_bw, p.pp_alpha, p.pp_bw_large, p.pp_large_bytes)
     overhead = p.overhead + p.overhead_seq * seqs
     body = gemm + attn + elem + comm_tp
     latency = body + (p.pp - 1.0) * send + overhead

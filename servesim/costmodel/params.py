@@ -58,6 +58,8 @@ class CostParams(NamedTuple):
     tp_algorithm: float
     pp_bw: float
     pp_alpha: float
+    pp_bw_large: float           # PP send rate above pp_large_bytes (collectives.p2p_link)
+    pp_large_bytes: float
     swap_bw: float
     swap_alpha: float
     overhead: float              # per iteration
@@ -165,7 +167,7 @@ def lower(model, hw, layout: Layout) -> CostParams:
         f_act = fe * moe.experts_per_token + fs
     elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms)
     tp_link = collectives.link_for_group(hw, tp)
-    pp_link = collectives.link_for_group(hw, 2, span_in_domain=tp * pp, p2p=True)
+    pp_link = collectives.p2p_link(hw, tp * pp)
     n_moe = float(model.num_moe_layers) if model.moe is not None else 0.0
     active = model.active_param_count() - model.embedding_params()
     return CostParams(
@@ -184,7 +186,7 @@ def lower(model, hw, layout: Layout) -> CostParams:
         coll_base=eff.collective_base_latency_s,
         experts=experts, top_k=top_k, router_n=router_n, vocab_gpu=model.vocab_size / tp,
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
-        pp_bw=pp_link[1], pp_alpha=pp_link[2],
+        pp_bw=pp_link[1], pp_alpha=pp_link[2], pp_bw_large=pp_link[3], pp_large_bytes=pp_link[4],
         swap_bw=hw.pcie_bw * eff.pcie_bw_fraction, swap_alpha=eff.pcie_latency_s,
         overhead=eff.iteration_overhead_s, overhead_seq=eff.per_seq_overhead_s,
         active_params_gpu=active / (tp * pp) * 1.0,

@@ -15,6 +15,7 @@ from servesim.costmodel.collectives import (
     all_to_all_time_nb,
     allreduce_time_nb,
     link_for_group,
+    p2p_link,
     p2p_time_nb,
     reduce_scatter_time_nb,
 )
@@ -81,5 +82,5 @@ def p2p(hw, nbytes: float, stride: int) -> float:
     """One send between neighbours ``stride`` ranks apart (PP stages, CP ring steps)."""
     if nbytes <= 0:
         return 0.0
-    _, bw, a = link_for_group(hw, 2, span_in_domain=2 * stride if stride > 1 else 2, p2p=True)
-    return p2p_time_nb(nbytes, bw, a)
+    _, bw, a, bw_large, large_bytes = p2p_link(hw, 2 * stride if stride > 1 else 2)
+    return p2p_time_nb(nbytes, bw, a, bw_large, large_bytes)
