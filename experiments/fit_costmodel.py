@@ -45,9 +45,9 @@ NOISE_FLOOR_S = 5e-6
 FIT_SOURCE = ("experiments/fit_costmodel.py on Vidur per-operator timings (MIT): GEMM and elementwise fit on "
               "Llama family, held out others; links on the DGX node; see experiments/results/costmodel_validation.md")
 REPORT = REPO / "experiments" / "results" / "costmodel_validation.md"
-# Vidur's a100_pairwise_nvlink/send_recv.csv is byte-identical to h100_pairwise_nvlink/send_recv.csv and
-# runs faster than A100's link allows: not an A100 measurement, so not used for A100 (see the report).
-DUPLICATE_SEND_RECV = ("a100",)
+# NVLink bridge of the pairwise machines' cards, total bidirectional GB/s: A100 PCIe 80GB "NVLink Bridge
+# for 2 GPUs: 600 GB/s" (A100 PCIe product brief PB-10137); H100 NVL "NVLink: 600GB/s" (H100 datasheet).
+BRIDGE_GBPS = {"a100": 600.0, "h100": 600.0}
 CLASS_ORDER = ["gemm_qkv", "gemm_attn_out", "gemm_mlp_up", "gemm_mlp_down", "elementwise", "all_reduce",
                "send_recv"]
 
@@ -91,17 +91,25 @@ def load_network_frames(gpu: str, bytes_per_size: float = VIDUR_NETWORK_BYTES_PE
     return pd.concat([read_vidur_network(f, bytes_per_size=bytes_per_size) for f in files], ignore_index=True)
 
 
+def large_message_rate(rows: pd.DataFrame) -> float:
+    """Bytes/s of the slope of time vs bytes over messages >= 4 MB (a linear fit, as nccl-tests' busbw)."""
+    big = rows[rows["nbytes"] >= 4e6]
+    return 1.0 / np.polyfit(big["nbytes"], big["time_s"], 1)[0]
+
+
 def network_split(net: pd.DataFrame, gpu: str) -> pd.Series:
     """Intra-node rows of the DGX (NVSwitch) node are fitted (all-reduce and send-recv, separate
-    parameters); the pairwise-NVLink machine is held out whole."""
+    parameters); the pairwise-NVLink machine is held out whole, except a send-recv file whose
+    large-message rate is above one direction of the bridge (not a measurement of that link)."""
     split = np.where(net["system"] == f"{gpu}_dgx", "fitted", "held-out")
     pw = net["system"] == f"{gpu}_pairwise_nvlink"
     ar = net["collective"] == "all_reduce"
     split = np.where(pw & ar & (net["num_workers"] > 2), "held-out: pairwise, 4 GPUs over PCIe", split)
     split = np.where(pw & ar & (net["num_workers"] <= 2), "held-out: pairwise, 2 GPUs over the bridge", split)
     split = np.where(pw & ~ar, "held-out: pairwise send-recv", split)
-    if gpu in DUPLICATE_SEND_RECV:
-        split = np.where(pw & ~ar, "excluded", split)
+    pw_sr = pw & ~ar
+    if pw_sr.any() and large_message_rate(net[pw_sr]) > BRIDGE_GBPS[gpu] * 1e9 / 2:
+        split = np.where(pw_sr, "excluded", split)
     return pd.Series(split, index=net.index)
 
 
@@ -117,15 +125,15 @@ def size_octave_cv(rows: pd.DataFrame, hw, params: dict) -> pd.DataFrame:
     return out
 
 
-def pairwise_variant(hw):
+def pairwise_variant(hw, gpu: str):
     """The profile as a pairwise-NVLink server (Vidur's *_pairwise_nvlink machines: 2-card NVLink-bridge
-    pairs in a 4-GPU node, the PCIe A100 80GB / H100 NVL parts as on Azure NC A100 v4 / NC H100 v5).
-    Those cards keep the chip's NVLink rate (A100 PCIe: 600 GB/s bidirectional over 3 bridges, A100 PCIe
-    product brief PB-10137; H100 NVL: 600 GB/s, H100 datasheet) and its PCIe generation, so only the
-    topology changes: a scale-up domain of 2 and 4 GPUs per node. Its efficiencies stay the DGX-fitted
-    ones; groups of 4 leave the pair and run at the profile's PCIe figures."""
-    return dataclasses.replace(hw, name=f"{hw.name} (pairwise-NVLink topology)",
-                               scaleup_domain=2, gpus_per_node=4)
+    pairs in a 4-GPU node, the PCIe A100 80GB / H100 NVL parts as on Azure NC A100 v4 / NC H100 v5):
+    a scale-up domain of 2 at the bridge's rate (``BRIDGE_GBPS``; for A100 the same 300 GB/s per
+    direction as SXM, for H100 300 instead of 450), 4 GPUs per node, the chip's PCIe generation. Its
+    efficiencies stay the DGX-fitted ones; groups of 4 leave the pair and run at the profile's PCIe
+    figures."""
+    return dataclasses.replace(hw, name=f"{hw.name} (pairwise-NVLink topology)", scaleup_domain=2,
+                               gpus_per_node=4, scaleup_bw=BRIDGE_GBPS[gpu] * 1e9 / 2)
 
 
 def _fit_quietly(fn, *args):
@@ -153,7 +161,7 @@ def predict_network(intra: pd.DataFrame, gpu: str, hw, params: dict) -> np.ndarr
     pw = (intra["system"] == f"{gpu}_pairwise_nvlink").to_numpy()
     pred = predict_collectives(intra, hw, params)
     if pw.any():
-        pred[pw] = predict_collectives(intra[pw], pairwise_variant(hw), params)
+        pred[pw] = predict_collectives(intra[pw], pairwise_variant(hw, gpu), params)
     return pred
 
 
@@ -329,8 +337,8 @@ def build_report(results: list[dict]) -> str:
            "`pcie_bw_fraction` / `pcie_latency_us`, as `link_for_group` routes them in the cost model.",
            "- send-recv: `p2p_latency + bytes / (scaleup_bw * p2p_bw_fraction)`, and at `p2p_large_bw_fraction` "
            "for messages above `p2p_large_message_mib` (a measured step, see Notes; not fitted), fitted on the "
-           "DGX intra-node rows. Held out: 2-fold cross-validation by message-size octave on those rows, and the pairwise "
-           "machine's file (H100 only; A100's is a byte-identical copy of it, see Notes).",
+           "DGX intra-node rows. Held out: 2-fold cross-validation by message-size octave on those rows. The "
+           "pairwise machines' send-recv file runs faster than their bridge allows and is not used (see Notes).",
            "- 'held-out' pools all held-out rows of a class; the rows below it break that down.", ""]
     filt = ["## Filters", ""]
     for r in results:
@@ -381,14 +389,16 @@ def build_report(results: list[dict]) -> str:
         bw = elementwise_bandwidth(r["mlp"], r["hw"])
         out += [f"{r['profile']} (hbm_fraction = {r['params']['hbm_fraction']:.3f}):", "", md_table(bw), ""]
 
-    slopes = pd.concat([bus_bandwidths(r["intra"], r["hw"]) for r in results], ignore_index=True)
+    slopes = pd.concat([bus_bandwidths(r["net_all"][r["net_all"]["intra_node"]], r["hw"], r["gpu"])
+                        for r in results], ignore_index=True)
     out += ["## Network `size` units", "",
             "The shared README describes `size` as fp16 elements (bytes = 2 x size). Read that way, "
             f"{_over(slopes, 'bus GB/s if bytes = 2 x size')} of the {len(slopes)} (system, collective, workers) "
             "groups below move data faster than one direction of NVLink allows, and the fit of "
             "`scaleup_bw_fraction` hits its upper bound 1.0 on both GPUs. Read as bytes, "
             f"{_over(slopes, 'bus GB/s if bytes = size')} group(s) exceed it "
-            f"({_over_names(slopes, 'bus GB/s if bytes = size')}). The shipped reader therefore uses bytes "
+            f"({_over_names(slopes, 'bus GB/s if bytes = size')}){_pairwise_only(slopes)}. The shipped reader "
+            "therefore uses bytes "
             "(`VIDUR_NETWORK_BYTES_PER_SIZE = 1`); the README's reading, refitted, gives:", ""]
     sens = []
     for r in results:
@@ -404,7 +414,7 @@ def build_report(results: list[dict]) -> str:
     out += ["Large-message bus bandwidth (linear fit of time vs size for messages >= 4 MB; all-reduce scaled "
             "by 2(n-1)/n as nccl-tests does):", "",
             md_table(slopes, {"bus GB/s if bytes = size": ".0f", "bus GB/s if bytes = 2 x size": ".0f",
-                                            "NVLink GB/s per direction (profile)": ".0f"}), ""]
+                                            "NVLink GB/s per direction": ".0f"}), ""]
 
     out += ["## Shape interpretation checks", "",
             "Time ratio TP=1 / TP=t at num_tokens >= 1024, median over models: ~t for the TP-sharded ops "
@@ -419,12 +429,19 @@ def build_report(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _pairwise_only(slopes: pd.DataFrame) -> str:
+    sel = slopes[slopes["bus GB/s if bytes = size"] > slopes["NVLink GB/s per direction"]]
+    if len(sel) and (sel["system"].str.endswith("_pairwise_nvlink") & (sel["collective"] == "send_recv")).all():
+        return ": the pairwise send-recv file, not used (see Notes)"
+    return ""
+
+
 def _over(slopes: pd.DataFrame, col: str) -> int:
-    return int((slopes[col] > slopes["NVLink GB/s per direction (profile)"]).sum())
+    return int((slopes[col] > slopes["NVLink GB/s per direction"]).sum())
 
 
 def _over_names(slopes: pd.DataFrame, col: str) -> str:
-    sel = slopes[slopes[col] > slopes["NVLink GB/s per direction (profile)"]]
+    sel = slopes[slopes[col] > slopes["NVLink GB/s per direction"]]
     return ", ".join(f"{a} {b} n={c}" for a, b, c in zip(sel["system"], sel["collective"], sel["workers"])) or "none"
 
 
@@ -438,16 +455,17 @@ def _signed(frame: pd.DataFrame, mask) -> float:
     return float(np.median(sel["pred_s"] / sel["time_s"] - 1))
 
 
-def bus_bandwidths(intra: pd.DataFrame, hw) -> pd.DataFrame:
-    """Large-message bus bandwidth per (system, collective, workers) from a linear fit of time vs size."""
+def bus_bandwidths(intra: pd.DataFrame, hw, gpu: str) -> pd.DataFrame:
+    """Large-message bus bandwidth per (system, collective, workers) from a linear fit of time vs size,
+    beside one direction of the NVLink the group runs on (NVSwitch on the DGX, the bridge on pairs)."""
     rows = []
     for (system, coll, n), grp in intra.groupby(["system", "collective", "num_workers"]):
-        big = grp[grp["size"] >= 4e6]
-        b, _ = np.polyfit(big["size"], big["time_s"], 1)
+        rate = large_message_rate(grp.assign(nbytes=grp["size"]))
         bus = (2.0 * (n - 1) / n) if coll == "all_reduce" else 1.0
+        link = hw.scaleup_bw if system.endswith("_dgx") else pairwise_variant(hw, gpu).scaleup_bw
         rows.append({"system": system, "collective": coll, "workers": n,
-                     "bus GB/s if bytes = size": bus / b / 1e9, "bus GB/s if bytes = 2 x size": 2 * bus / b / 1e9,
-                     "NVLink GB/s per direction (profile)": hw.scaleup_bw / 1e9})
+                     "bus GB/s if bytes = size": bus * rate / 1e9, "bus GB/s if bytes = 2 x size": 2 * bus * rate / 1e9,
+                     "NVLink GB/s per direction": link / 1e9})
     return pd.DataFrame(rows)
 
 
@@ -490,6 +508,7 @@ def notes(results: list[dict]) -> list[str]:
     # all-reduce
     lat = []
     topo = []
+    bridge = []
     for r in results:
         intra = r["intra"]
         dgx = intra[(intra["system"] == f"{r['gpu']}_dgx") & (intra["collective"] == "all_reduce")]
@@ -499,31 +518,60 @@ def notes(results: list[dict]) -> list[str]:
                    & (intra["num_workers"] == 4)]
         if len(pw):
             topo.append(f"{r['profile']} {float(np.median(pw['time_s'] / pw['pred_s'])):.1f}x")
+        pair = intra[(intra["system"] == f"{r['gpu']}_pairwise_nvlink") & (intra["collective"] == "all_reduce")
+                     & (intra["num_workers"] == 2)]
+        if len(pair):
+            bridge.append(f"{r['profile']} {float(np.median(pair['time_s'] / pair['pred_s'])):.2f}x")
     lines.append(
         "- all-reduce: the alpha-beta model charges latency per step (2 log2(n) alpha for the tree), but the "
         "measured small-message (<= 256 KB) medians do not grow with n (" + "; ".join(lat) + "), and on H100 "
         "the large-message bus bandwidth grows with n (table above), consistent with NCCL's NVLink-SHARP "
         "in-switch reduction rather than the ring's 2(n-1)/n. On the pairwise-NVLink machines (NVLink between "
         "pairs, 4-GPU groups cross PCIe/host) the 4-worker all-reduce, routed over PCIe, takes "
-        + ", ".join(topo) + " the predicted time (median); their 2-worker all-reduce over the bridge is "
-        "predicted with the NVSwitch-fitted link figures (nothing fitted there) and misses by the most "
-        "(table above): a bridge pair is not the switched fabric those figures were fitted on.")
+        + ", ".join(topo) + " the predicted time (median). Their 2-worker all-reduce over the bridge, at the "
+        "bridge's rate with the NVSwitch-fitted efficiencies (nothing fitted there), takes " + ", ".join(bridge) +
+        " the predicted time (median): a bridge pair is not the switched fabric those efficiencies were "
+        "fitted on, and A100's pair runs faster through it.")
     lines.append(
         "- send-recv: `a100_pairwise_nvlink/send_recv.csv` and `h100_pairwise_nvlink/send_recv.csv` are "
-        "byte-identical files in the Vidur data; the H100 DGX fit predicts that file within a few percent and "
-        "its bandwidth is above A100's NVLink per-direction rate, so it is treated as the H100 measurement and "
-        "not used for A100. Measured rate (bytes / median time) just below and just above "
+        "byte-identical files in the Vidur data, and their large-message rate (" + pairwise_sr_rates(results) +
+        ") is above one direction of either card's NVLink bridge (600 GB/s bidirectional: A100 PCIe product "
+        "brief, H100 NVL datasheet), so they are not a measurement of that link and are not used (the H100 "
+        "DGX fit, on the NVSwitch node's 450 GB/s, predicts them within " + pairwise_sr_dgx_err(results) +
+        "). Measured rate (bytes / median time) just below and just above "
         "`p2p_large_message_mib`: " + "; ".join(p2p_step(r) for r in results) + ". The A100 step is abrupt "
         "(between 31.9 and 32.1 MiB) and the rate stays flat beyond it, so the cost model has a second send "
         "rate, `p2p_large_bw_fraction`, above that size. Held-out (size-octave) median error with the step "
         "vs one rate for all sizes: " + "; ".join(f"{r['profile']} {100 * r['send_recv_err']:.1f}% vs "
                                                  f"{100 * r['send_recv_one_rate_err']:.1f}%" for r in results) +
-        " (one rate averages the two regimes). H100 shows no step, and its two fitted fractions agree: " +
+        " (one rate averages the two regimes). Fitted fractions below / above the step: " +
         "; ".join(f"{r['profile']} {r['params']['p2p_bw_fraction']:.3f} / {r['params']['p2p_large_bw_fraction']:.3f}"
-                  for r in results) + ". Below the step A100's fit sits at the full per-direction NVLink "
+                  for r in results) + " (H100 shows no step). Below the step A100's fit sits at the full per-direction NVLink "
         "rate (`p2p_bw_fraction` = 1, the bound), i.e. the measured sends there are as fast as the link allows "
         "once the fixed latency is paid.")
     return lines
+
+
+def _pairwise_sr(r: dict) -> pd.DataFrame:
+    net = r["net_all"]
+    return net[(net["system"] == f"{r['gpu']}_pairwise_nvlink") & (net["collective"] == "send_recv")
+               & net["intra_node"]]
+
+
+def pairwise_sr_rates(results: list[dict]) -> str:
+    return ", ".join(f"{r['gpu']}_pairwise_nvlink {large_message_rate(_pairwise_sr(r)) / 1e9:.0f} GB/s"
+                     for r in results)
+
+
+def pairwise_sr_dgx_err(results: list[dict]) -> str:
+    out = []
+    for r in results:
+        if r["gpu"] != "h100":
+            continue
+        sr = _pairwise_sr(r)
+        err = np.abs(predict_collectives(sr, r["hw"], r["params"]) / sr["time_s"].to_numpy() - 1.0)
+        out.append(f"{100 * float(np.median(err)):.1f}% median")
+    return ", ".join(out)
 
 
 def p2p_step(r: dict) -> str:
