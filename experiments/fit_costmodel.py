@@ -9,9 +9,9 @@ Per GPU (a100-sxm-80gb, h100-sxm): GEMM parameters (gemm_max, gemm_half_tokens, 
 hbm_fraction) and the elementwise ones (norm / rope / activation HBM fractions, elementwise_latency_us)
 are fitted on the Llama family (meta-llama/*) and validated on the held-out models; the scale-up link
 (all-reduce: scaleup_bw_fraction, scaleup_latency_us, collective_base_latency_us; send-recv:
-p2p_bw_fraction, p2p_latency_us, p2p_large_bw_fraction above p2p_large_message_mib) on the intra-node rows of the *_dgx files, validated on a DGX group
-size left out of a refit and on the *_pairwise_nvlink machines (a different topology, nothing fitted
-there). Writes experiments/results/costmodel_validation.md and the fitted values into the profiles'
+p2p_bw_fraction, p2p_latency_us, p2p_large_bw_fraction above p2p_large_message_mib) on the intra-node
+rows of the *_dgx files, validated on a DGX group size left out of a refit and on the *_pairwise_nvlink
+machines (a different topology, nothing fitted there). Writes experiments/results/costmodel_validation.md and the fitted values into the profiles'
 [efficiency].
 """
 from __future__ import annotations
@@ -48,6 +48,11 @@ REPORT = REPO / "experiments" / "results" / "costmodel_validation.md"
 # NVLink bridge of the pairwise machines' cards, total bidirectional GB/s: A100 PCIe 80GB "NVLink Bridge
 # for 2 GPUs: 600 GB/s" (A100 PCIe product brief PB-10137); H100 NVL "NVLink: 600GB/s" (H100 datasheet).
 BRIDGE_GBPS = {"a100": 600.0, "h100": 600.0}
+
+
+def bridge_bw(gpu: str) -> float:
+    """One direction of the pairwise machines' NVLink bridge, bytes/s."""
+    return BRIDGE_GBPS[gpu] * 1e9 / 2
 CLASS_ORDER = ["gemm_qkv", "gemm_attn_out", "gemm_mlp_up", "gemm_mlp_down", "elementwise", "all_reduce",
                "send_recv"]
 
@@ -108,7 +113,7 @@ def network_split(net: pd.DataFrame, gpu: str) -> pd.Series:
     split = np.where(pw & ar & (net["num_workers"] <= 2), "held-out: pairwise, 2 GPUs over the bridge", split)
     split = np.where(pw & ~ar, "held-out: pairwise send-recv", split)
     pw_sr = pw & ~ar
-    if pw_sr.any() and large_message_rate(net[pw_sr]) > BRIDGE_GBPS[gpu] * 1e9 / 2:
+    if pw_sr.any() and large_message_rate(net[pw_sr]) > bridge_bw(gpu):
         split = np.where(pw_sr, "excluded", split)
     return pd.Series(split, index=net.index)
 
@@ -133,7 +138,7 @@ def pairwise_variant(hw, gpu: str):
     efficiencies stay the DGX-fitted ones; groups of 4 leave the pair and run at the profile's PCIe
     figures."""
     return dataclasses.replace(hw, name=f"{hw.name} (pairwise-NVLink topology)", scaleup_domain=2,
-                               gpus_per_node=4, scaleup_bw=BRIDGE_GBPS[gpu] * 1e9 / 2)
+                               gpus_per_node=4, scaleup_bw=bridge_bw(gpu))
 
 
 def _fit_quietly(fn, *args):
@@ -462,7 +467,7 @@ def bus_bandwidths(intra: pd.DataFrame, hw, gpu: str) -> pd.DataFrame:
     for (system, coll, n), grp in intra.groupby(["system", "collective", "num_workers"]):
         rate = large_message_rate(grp.assign(nbytes=grp["size"]))
         bus = (2.0 * (n - 1) / n) if coll == "all_reduce" else 1.0
-        link = hw.scaleup_bw if system.endswith("_dgx") else pairwise_variant(hw, gpu).scaleup_bw
+        link = hw.scaleup_bw if system.endswith("_dgx") else bridge_bw(gpu)
         rows.append({"system": system, "collective": coll, "workers": n,
                      "bus GB/s if bytes = size": bus * rate / 1e9, "bus GB/s if bytes = 2 x size": 2 * bus * rate / 1e9,
                      "NVLink GB/s per direction": link / 1e9})

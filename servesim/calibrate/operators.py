@@ -355,8 +355,9 @@ def predict_collectives(frame: pd.DataFrame, profile, params: dict | None = None
     link ``costmodel.collectives.link_for_group`` picks for its ``num_workers``. Scale-up link:
     all-reduce at bw = scaleup_bw * scaleup_bw_fraction, alpha = scaleup_latency per step, plus
     collective_base_latency once; send-recv at p2p_latency + nbytes / (scaleup_bw * p2p_bw_fraction),
-    or at p2p_large_bw_fraction for messages above p2p_large_message_mib. Groups that leave the scale-up domain (PCIe inside a node, the NIC across nodes) use the
-    profile's own pcie / scaleout figures (not fitted here)."""
+    or at p2p_large_bw_fraction for messages above p2p_large_message_mib. Groups that leave the
+    scale-up domain (PCIe inside a node, the NIC across nodes) use the profile's own pcie / scaleout
+    figures (not fitted here)."""
     _need(frame, ("collective", "nbytes", "num_workers"), "predict_collectives")
     p = _params(profile, params)
     is_ar = (frame["collective"] == "all_reduce").to_numpy()
@@ -446,14 +447,13 @@ def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict
     sub = _usable(frame, frame["collective"].isin(COLLECTIVES).to_numpy())
     start = profile_params(profile)
     out = {}
-    for collective, names, x0s in (
-            ("all_reduce", COLLECTIVE_PARAMS, [[0.5, 5.0, 10.0], [0.9, 1.0, 20.0]]),
-            ("send_recv", P2P_PARAMS, [[0.5, 5.0], [0.9, 10.0]])):
+    for collective in COLLECTIVES:
         rows = sub[sub["collective"] == collective]
         if rows.empty:
             continue
-        if collective == "send_recv":
-            names, x0s = _p2p_free(rows, start["p2p_large_message_mib"] * 2.0 ** 20)
+        names = (COLLECTIVE_PARAMS if collective == "all_reduce"
+                 else _p2p_free(rows, start["p2p_large_message_mib"] * 2.0 ** 20))
+        x0s = [[LINK_STARTS[k][j] for k in names] for j in (0, 1)]
         log_meas = np.log(rows["time_s"].to_numpy(np.float64))
 
         def residual(x, rows=rows, names=names, log_meas=log_meas):
@@ -466,16 +466,17 @@ def fit_collectives(frame: pd.DataFrame, profile, algorithm: int = AUTO) -> dict
     return out
 
 
-def _p2p_free(rows: pd.DataFrame, large_bytes: float):
-    """The send-recv parameters the rows can pin down, and start points for them."""
+# Two start points per link parameter, besides the profile's value (the fit keeps the best of the three).
+LINK_STARTS = {"scaleup_bw_fraction": (0.5, 0.9), "scaleup_latency_us": (5.0, 1.0),
+               "collective_base_latency_us": (10.0, 20.0), "p2p_bw_fraction": (0.5, 0.9),
+               "p2p_latency_us": (5.0, 10.0), "p2p_large_bw_fraction": (0.5, 0.9)}
+
+
+def _p2p_free(rows: pd.DataFrame, large_bytes: float) -> tuple:
+    """The send-recv parameters the rows can pin down: each rate only with rows on its side of the step."""
     big = rows["nbytes"].to_numpy(np.float64) > large_bytes
-    names = ["p2p_latency_us"]
-    if (~big).any():
-        names.insert(0, "p2p_bw_fraction")
-    if big.any():
-        names.append("p2p_large_bw_fraction")
-    guess = {"p2p_bw_fraction": (0.5, 0.9), "p2p_latency_us": (5.0, 10.0), "p2p_large_bw_fraction": (0.5, 0.9)}
-    return tuple(names), [[guess[k][j] for k in names] for j in (0, 1)]
+    return tuple(k for k, keep in (("p2p_bw_fraction", (~big).any()), ("p2p_latency_us", True),
+                                   ("p2p_large_bw_fraction", big.any())) if keep)
 
 
 def kind_fractions_present(kinds) -> list:

@@ -69,6 +69,8 @@ _RENAMED_EFFICIENCY_KEYS = {
     "elementwise_hbm_fraction": "norm_hbm_fraction, rope_hbm_fraction, activation_hbm_fraction and "
                                 "elementwise_latency_us (servesim 0.2: one fraction per kernel kind)",
 }
+# File-key unit suffix -> factor to SI (see the module docstring).
+_UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
 _FRACTION_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "fraction")
 _POSITIVE_FIELDS = tuple(f for _, f, kind in _EFFICIENCY_KEYS if kind == "positive")
 
@@ -264,7 +266,7 @@ def _read_efficiency(table: Table) -> Efficiency:
             value = table.float(key, gt=0.0)
         else:
             value = table.float(key, ge=0.0)
-        values[field] = value * 1e-6 if key.endswith("_us") else value * 2.0 ** 20 if key.endswith("_mib") else value
+        values[field] = value * _UNIT.get(key.rsplit("_", 1)[-1], 1.0)
     return Efficiency(**values)
 
 

@@ -7,7 +7,7 @@ Tree (double binary tree, as NCCL >= 2.4): 2*log2(n)*alpha + 2*S/B (pipelined; S
 Reduce-scatter and all-gather are each half of a ring all-reduce.
 B is the per-direction link bandwidth times an achieved fraction.
 Point-to-point sends over the scale-up link have a second rate for messages above a size threshold:
-the Vidur A100 DGX send/recv timings step from ~270 to ~220 GB/s between 31.9 and 32.1 MiB and stay
+the Vidur A100 DGX send/recv timings step from ~260 to ~224 GB/s between 31.9 and 32.1 MiB and stay
 there (experiments/results/costmodel_validation.md); below and above the step each is alpha + S/B.
 """
 from __future__ import annotations
