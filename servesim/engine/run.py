@@ -73,7 +73,9 @@ def router_draws(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.random(n), rng.random(n)
 
 
-def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int) -> EngineOutput:
+def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int,
+               prefix_group=None, prefix_len=None) -> EngineOutput:
+    # prefix_group, prefix_len: used by the engine's prefix caching (not yet; ignored for now)
     arrival = np.ascontiguousarray(arrival, dtype=np.float64)
     prompt = np.ascontiguousarray(prompt, dtype=np.int64)
     output = np.ascontiguousarray(output, dtype=np.int64)
