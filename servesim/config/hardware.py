@@ -10,6 +10,8 @@ Units are converted once, here (schema and sources in ``hardware_profiles/README
 - ``scaleout_bandwidth_Gbps``             x 1e9 / 8 -> bytes/s per GPU, per direction (NIC line rate)
 - ``*_us``                                x 1e-6 -> seconds
 - ``*_mib``                               x 2**20 -> bytes
+- ``sm_count`` (in ``[compute]``) is unit-free: streaming multiprocessors (NVIDIA), compute units
+  (AMD) or MXUs (TPU), the units over which GEMM tiles are spread (wave quantisation)
 
 A profile either carries its own ``[efficiency]`` (``efficiency_from = ""``) or names a calibrated
 profile whose ``[efficiency]`` it borrows; chains are not allowed, so a borrowed block is always a
@@ -120,6 +122,7 @@ class HardwareProfile:
     vendor: str
     path: Path
     peak_flops: dict[str, float]  # keys PRECISIONS, FLOP/s (int8: op/s); 0.0 = not supported
+    sm_count: int  # units matrix tiles are spread over: SMs (NVIDIA), CUs (AMD), MXUs (TPU)
     hbm_bytes: float
     hbm_bw: float  # bytes/s
     scaleup_name: str
@@ -192,7 +195,8 @@ def _load_file(path: Path) -> HardwareProfile:
     efficiency_from = top.str("efficiency_from")
 
     compute = top.table("compute")
-    compute.expect_keys(_COMPUTE_KEYS.values())
+    compute.expect_keys(list(_COMPUTE_KEYS.values()) + ["sm_count"])
+    sm_count = compute.int("sm_count", ge=1)
     peak = {}
     for precision, key in _COMPUTE_KEYS.items():
         # bf16 is the precision every cost model path needs; the others may be 0 = unsupported.
@@ -243,7 +247,7 @@ def _load_file(path: Path) -> HardwareProfile:
         efficiency = _borrow_efficiency(top, path, efficiency_from)
 
     return HardwareProfile(
-        name=name, description=description, vendor=vendor, path=path, peak_flops=peak,
+        name=name, description=description, vendor=vendor, path=path, peak_flops=peak, sm_count=sm_count,
         hbm_bytes=hbm_bytes, hbm_bw=hbm_bw, scaleup_name=scaleup_name,
         scaleup_bw=scaleup_total * 1e9 / 2.0, scaleup_domain=scaleup_domain,
         gpus_per_node=gpus_per_node, pcie_gen=pcie_gen, pcie_lanes=pcie_lanes, pcie_bw=pcie_bw,
