@@ -58,16 +58,18 @@ def profiles():
 @profiles.command("list")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def profiles_list(fmt):
-    """List shipped hardware profiles and models."""
+    """List shipped hardware profiles and models (TOMLs, then HF config.json files marked "hf")."""
     from .config import list_hardware, list_models, load_hardware, load_model
+    from .config.model import list_hf_models
     hw = [load_hardware(n) for n in list_hardware()]
-    models = [load_model(n) for n in list_models()]
+    models = [load_model(n) for n in list_models() + list_hf_models()]
     if fmt == "json":
         click.echo(_dump({
             "hardware": [{"name": h.name, "bf16_tflops": h.peak_flops["bf16"] / 1e12, "hbm_gb": h.hbm_bytes / 1e9,
                           "hbm_tbps": h.hbm_bw / 1e12, "usd_per_gpu_hour": h.usd_per_hour} for h in hw],
             "models": [{"name": m.name, "params_b": m.param_count() / 1e9,
-                        "active_params_b": m.active_param_count() / 1e9, "layers": m.num_layers} for m in models],
+                        "active_params_b": m.active_param_count() / 1e9, "layers": m.num_layers,
+                        "config": "hf" if m.path.suffix == ".json" else "toml"} for m in models],
         }))
         return
     click.echo("hardware")
@@ -76,10 +78,11 @@ def profiles_list(fmt):
         click.echo(f"  {h.name:<16}{h.peak_flops['bf16'] / 1e12:>14.0f}{h.hbm_bytes / 1e9:>9.0f}"
                    f"{h.hbm_bw / 1e12:>10.2f}{h.usd_per_hour:>9.2f}")
     click.echo("models")
-    click.echo(f"  {'name':<16}{'params (B)':>12}{'active (B)':>12}{'layers':>8}{'context':>9}")
+    w = max(16, 2 + max(len(m.name) for m in models))
+    click.echo(f"  {'name':<{w}}{'params (B)':>12}{'active (B)':>12}{'layers':>8}{'context':>9}  config")
     for m in models:
-        click.echo(f"  {m.name:<16}{m.param_count() / 1e9:>12.2f}{m.active_param_count() / 1e9:>12.2f}"
-                   f"{m.num_layers:>8}{m.max_context:>9}")
+        click.echo(f"  {m.name:<{w}}{m.param_count() / 1e9:>12.2f}{m.active_param_count() / 1e9:>12.2f}"
+                   f"{m.num_layers:>8}{m.max_context:>9}  {'hf' if m.path.suffix == '.json' else 'toml'}")
 
 
 def _profile_dict(obj) -> dict:
@@ -100,17 +103,18 @@ def _profile_dict(obj) -> dict:
 def profiles_show(name, fmt):
     """Show one hardware profile or model (SI units)."""
     from .config import list_hardware, list_models, load_hardware, load_model
+    from .config.model import list_hf_models
     from .errors import ConfigError
     if name in list_hardware() or name.endswith(".toml") and "models" not in name:
         try:
             obj = load_hardware(name)
         except ConfigError:
             obj = load_model(name)
-    elif name in list_models() or name.endswith((".toml", ".json")):
+    elif name in list_models() or name in list_hf_models() or name.endswith((".toml", ".json")):
         obj = load_model(name)
     else:
         raise ConfigError(f"unknown profile {name!r}; hardware: {', '.join(list_hardware())}; "
-                          f"models: {', '.join(list_models())}")
+                          f"models: {', '.join(list_models())}; HF configs: {', '.join(list_hf_models())}")
     d = _profile_dict(obj)
     if hasattr(obj, "param_count"):
         d["param_count"] = obj.param_count()

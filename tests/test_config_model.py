@@ -213,7 +213,7 @@ def test_hf_config_matches_shipped_toml(name):
     for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
                   "ffn_hidden_size", "activation", "gated_mlp", "vocab_size", "tied_embeddings",
                   "max_context", "rope_theta", "position_embedding", "norm", "linear_bias",
-                  "qkv_bias", "moe", "mla"):
+                  "qkv_bias", "moe", "mla", "qk_norm", "qk_norm_gain", "checkpoint_dtype"):
         assert getattr(hf, field) == getattr(shipped, field), field
 
 
@@ -367,3 +367,369 @@ def test_unknown_model_name():
 def test_loads_are_cached():
     assert load_model("llama-3.1-8b") is load_model("llama-3.1-8b")
     assert load_model("llama-3.1-8b") is load_model(str(models_dir() / "llama-3.1-8b.toml"))
+
+
+# -- shipped HF configs of deployed models (workloads/models/hf) -------------------------------
+
+from servesim.config.model import hf_models_dir, list_hf_models  # noqa: E402
+
+SCOUT = "llama-4-scout-17b-16e-instruct-fp8-dynamic"
+HF_SHIPPED = ["codellama-34b-hf", "llama-2-7b-hf", "llama-3.1-70b-instruct", SCOUT,
+              "mistral-nemo-instruct-2407", "qwen2.5-7b-instruct", "qwen3-14b", "yi-34b"]
+
+# Published totals in billions, from the HuggingFace model cards / safetensors parameter counts:
+# meta-llama/Llama-2-7b-hf (6.74B), meta-llama/Llama-3.1-70B-Instruct (70.6B),
+# mistralai/Mistral-Nemo-Instruct-2407 (12.2B), Qwen/Qwen2.5-7B-Instruct ("Number of Parameters:
+# 7.61B"), 01-ai/Yi-34B (34.4B), codellama/CodeLlama-34b-hf (33.7B), Qwen/Qwen3-14B ("Number of
+# Parameters: 14.8B"). Llama-4-Scout is checked separately (its 109B includes the vision encoder).
+HF_PUBLISHED_B = {"llama-2-7b-hf": 6.74, "llama-3.1-70b-instruct": 70.6,
+                  "mistral-nemo-instruct-2407": 12.2, "qwen2.5-7b-instruct": 7.61, "yi-34b": 34.4,
+                  "codellama-34b-hf": 33.7, "qwen3-14b": 14.8}
+
+
+def test_list_hf_models_is_exactly_the_shipped_set():
+    assert list_hf_models() == HF_SHIPPED
+    assert not set(HF_SHIPPED) & set(list_models())  # no clash with a shipped TOML
+    folder = hf_models_dir()
+    assert (folder / "LICENSE-configs").is_file() and (folder / "README.md").is_file()
+
+
+@pytest.mark.parametrize("name", HF_SHIPPED)
+def test_shipped_hf_config_loads_by_name(name):
+    m = load_model(name)
+    assert m.name == name and m.path == (hf_models_dir() / f"{name}.json").resolve()
+    assert m.source == f"workloads/models/hf/{name}.json" and m.published_params == 0.0
+    assert m is load_model(str(hf_models_dir() / f"{name}.json"))
+    assert m.num_moe_layers + m.num_dense_layers == m.num_layers
+    assert m.active_param_count() <= m.param_count()
+
+
+@pytest.mark.parametrize("name", sorted(HF_PUBLISHED_B))
+def test_shipped_hf_param_count_matches_published_within_1_percent(name):
+    assert load_model(name).param_count() == pytest.approx(HF_PUBLISHED_B[name] * 1e9, rel=0.01)
+
+
+def test_shipped_toml_wins_over_hf_config_of_the_same_name(tmp_path, monkeypatch):
+    import servesim.config.model as model_mod
+    models = tmp_path / "models"
+    (models / "hf").mkdir(parents=True)
+    (models / "llama-3.1-8b.toml").write_text(LLAMA_TEXT)
+    (models / "hf" / "llama-3.1-8b.json").write_text((HF_DIR / "llama-3.1-8b" / "config.json").read_text())
+    (models / "hf" / "only-hf.json").write_text((HF_DIR / "qwen2.5-7b" / "config.json").read_text())
+    monkeypatch.setattr(model_mod, "models_dir", lambda: models)
+    assert load_model("llama-3.1-8b").path.suffix == ".toml"
+    assert load_model("only-hf").path.suffix == ".json" and load_model("only-hf").qkv_bias
+
+
+def test_q_dim_differs_from_hidden():
+    # Mistral-Nemo: hidden 5120, 32 heads x head_dim 128 = 4096; W_q 5120x4096, W_o 4096x5120.
+    nemo = load_model("mistral-nemo-instruct-2407")
+    assert (nemo.hidden_size, nemo.q_dim, nemo.kv_dim) == (5120, 4096, 1024)
+    assert nemo.attn_params_per_layer() == 2 * 5120 * 4096 + 2 * 5120 * 1024
+    assert nemo.checkpoint_dtype == "bf16" and not nemo.qk_norm
+    code = load_model("codellama-34b-hf")
+    assert (code.num_layers, code.hidden_size, code.num_kv_heads, code.ffn_hidden_size) == (48, 8192, 8, 22016)
+    assert (code.vocab_size, code.rope_theta) == (32000, 1e6)
+
+
+def test_q_dim_not_hidden_in_lowered_gemm_shapes():
+    # QKV GEMM: k = hidden, n = (heads + 2 kv heads) x head_dim / TP; output GEMM: k = heads x
+    # head_dim / TP, n = hidden. Mistral-Nemo at TP=2: 16 q + 4 kv heads of 128 per GPU.
+    from servesim.config import load_hardware
+    from servesim.costmodel import Layout, build_replica
+    p = build_replica(load_model("mistral-nemo-instruct-2407"), load_hardware("h100-sxm"), Layout(tp=2)).params
+    assert list(p.attn_k) == [5120, 16 * 128] and list(p.attn_n) == [(16 + 2 * 4) * 128, 5120]
+    assert p.q_bytes_tok_layer == 2 * 2 * 16 * 128
+
+
+# -- Qwen3: q/k norms ---------------------------------------------------------------------------
+
+def test_qwen3_14b_shapes_and_qk_norm_params(tmp_path):
+    m = load_model("qwen3-14b")
+    assert (m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim) == (5120, 40, 8, 128)
+    assert m.qk_norm and m.qk_norm_gain and not m.qkv_bias and m.moe is None
+    assert m.checkpoint_dtype == "bf16"
+    # the same shapes as a llama config: no q/k norms, 2 x head_dim fewer parameters per layer
+    data = json.loads((hf_models_dir() / "qwen3-14b.json").read_text())
+    data["model_type"] = "llama"
+    path = tmp_path / "as-llama.json"
+    path.write_text(json.dumps(data))
+    plain = load_model(str(path))
+    assert not plain.qk_norm and plain.head_dim == 128
+    assert m.attn_params_per_layer() - plain.attn_params_per_layer() == 2 * 128
+    assert m.param_count() - plain.param_count() == 40 * 2 * 128
+    # Qwen3-14B model card: "Number of Parameters (Non-Embedding): 13.2B"
+    assert m.param_count() - m.embedding_params() - m.lm_head_params() == pytest.approx(13.2e9, rel=0.01)
+
+
+def test_qwen3_default_head_dim_is_128(tmp_path):
+    data = json.loads((hf_models_dir() / "qwen3-14b.json").read_text())
+    del data["head_dim"]  # Qwen3Config default head_dim = 128, not hidden / heads
+    data["num_attention_heads"] = 64
+    path = tmp_path / "qwen3-nohd.json"
+    path.write_text(json.dumps(data))
+    assert load_model(str(path)).head_dim == 128
+
+
+def test_qk_norm_adds_two_norm_kernels_hand_derived():
+    from servesim.costmodel import elementwise as el
+    # Qwen3-14B at TP=2: 20 q heads and 4 kv heads of 128 per GPU; each norm reads and writes its
+    # 16-bit input once: q 4 x 20 x 128 = 10240 bytes, k 4 x 4 x 128 = 2048 bytes per token.
+    k = el.layer_kernels(5120, (20 + 4) * 128, 17408 / 2, True, (), (20 * 128, 4 * 128))
+    assert [kind for kind, _ in k] == ["norm", "norm", "norm", "norm", "rope", "activation", "stream", "stream"]
+    assert [b for _, b in k][2:4] == [10240, 2048]
+    assert sum(b for _, b in k) - sum(b for _, b in el.layer_kernels(5120, 24 * 128, 8704, True)) == 12288
+
+
+def test_qk_norm_in_lowering(tmp_path):
+    from servesim.config import load_hardware
+    from servesim.costmodel import Layout, build_replica
+    hw = load_hardware("h100-sxm")
+    data = json.loads((hf_models_dir() / "qwen3-14b.json").read_text())
+    data["model_type"] = "llama"
+    path = tmp_path / "qwen3-as-llama.json"
+    path.write_text(json.dumps(data))
+    qk = build_replica(load_model("qwen3-14b"), hw, Layout(tp=2)).params
+    plain = build_replica(load_model(str(path)), hw, Layout(tp=2)).params
+    assert qk.elem_kernels == plain.elem_kernels + 2
+    # 12288 bytes per token per layer (above) at the norms' achieved bandwidth
+    extra = 12288 / (hw.hbm_bw * hw.efficiency.norm_hbm_fraction)
+    assert qk.elem_s_tok_layer - plain.elem_s_tok_layer == pytest.approx(extra)
+    assert list(qk.attn_k) == list(plain.attn_k) and list(qk.attn_n) == list(plain.attn_n)
+
+
+QWEN3_30B_A3B = {  # Qwen/Qwen3-30B-A3B config.json (architecture keys)
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "decoder_sparse_step": 1,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32,
+    "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "vocab_size": 151936}
+
+
+def _json(tmp_path: Path, name: str, data: dict) -> Path:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_qwen3_moe_counts_and_layer_set(tmp_path):
+    m = load_model(str(_json(tmp_path, "qwen3-30b-a3b", QWEN3_30B_A3B)))
+    assert m.qk_norm and m.qk_norm_gain and m.num_moe_layers == 48 and m.moe.moe_layers == ()
+    assert m.moe.num_shared_experts == 0 and m.moe.expert_ffn_hidden_size == 768
+    # Qwen3-30B-A3B model card: "Number of Parameters: 30.5B in total and 3.3B activated"
+    assert m.param_count() == pytest.approx(30.5e9, rel=0.01)
+    assert m.active_param_count() == pytest.approx(3.3e9, rel=0.02)
+    # HF Qwen3MoeDecoderLayer: MoE iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
+    m = load_model(str(_json(tmp_path, "sparse2", dict(QWEN3_30B_A3B, decoder_sparse_step=2,
+                                                         mlp_only_layers=[3, 1]))))
+    assert m.moe.moe_layers == tuple(range(5, 48, 2))
+    assert [m.is_moe_layer(i) for i in range(6)] == [False, False, False, False, False, True]
+    assert m.num_moe_layers == 22 and m.dense_mlp_params() == 3 * 2048 * 6144
+    assert load_model(str(_json(tmp_path, "no-experts", dict(QWEN3_30B_A3B, num_experts=0)))).moe is None
+
+
+# -- Llama-4-Scout ------------------------------------------------------------------------------
+
+def _llama4_vision_params(v: dict, text_hidden: int) -> int:
+    """Vision encoder + adapter + projector of Llama4ForConditionalGeneration, which the text
+    model ignores (HF modeling_llama4: Llama4VisionModel, Llama4VisionPixelShuffleMLP,
+    Llama4MultiModalProjector)."""
+    h, f = v["hidden_size"], v["intermediate_size"]
+    positions = (v["image_size"] // v["patch_size"]) ** 2 + 1  # patches + class token
+    embed = v["num_channels"] * v["patch_size"] ** 2 * h + h + positions * h  # unfold conv, class, positions
+    layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h  # q,k,v,o + fc1, fc2 (biased), 2 LayerNorms
+    pre_post = 2 * 2 * h  # layernorm_pre, layernorm_post
+    adapter = f * v["projector_input_dim"] + v["projector_output_dim"] ** 2  # fc1, fc2 without bias
+    projector = v["vision_output_dim"] * text_hidden
+    return embed + v["num_hidden_layers"] * layer + pre_post + adapter + projector
+
+
+def test_llama4_scout_counts_match_published():
+    m = load_model(SCOUT)
+    data = json.loads(m.path.read_text())
+    vision = _llama4_vision_params(data["vision_config"], m.hidden_size)
+    assert 0.8e9 < vision < 0.95e9
+    # meta-llama/Llama-4-Scout-17B-16E-Instruct model card: 17B active, 109B total parameters
+    # (text + vision); the text model alone, which is all servesim models, is 1.1% short of that.
+    assert m.param_count() + vision == pytest.approx(109e9, rel=0.01)
+    assert 0.98 * 109e9 < m.param_count() < 109e9
+    assert m.active_param_count() == pytest.approx(17e9, rel=0.02)  # "17B" is rounded
+
+
+def test_llama4_scout_structure():
+    m = load_model(SCOUT)
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim) == (48, 5120, 40, 8, 128)
+    assert m.vocab_size == 202048 and m.rope_theta == 500000.0 and not m.tied_embeddings
+    # interleave_moe_layer_step = 1: moe_layers = range(0, 48, 1), every layer MoE
+    assert m.num_moe_layers == 48 and m.moe.moe_layers == ()
+    assert (m.moe.num_experts, m.moe.experts_per_token) == (16, 1)
+    # one shared expert of width intermediate_size on every MoE layer; dense width intermediate_size_mlp
+    assert (m.moe.num_shared_experts, m.moe.shared_expert_ffn_hidden_size, m.moe.expert_ffn_hidden_size) == (1, 8192, 8192)
+    assert m.shared_expert_params() == m.expert_params() == 3 * 5120 * 8192
+    assert m.router_params() == 16 * 5120 and m.ffn_hidden_size == 16384
+    # active MoE layer: top-1 routed + shared + router
+    assert m.ffn_params_of_layer(0, active=True) == 2 * 3 * 5120 * 8192 + 16 * 5120
+    # L2 qk norm without weights: costed, no parameters
+    assert m.qk_norm and not m.qk_norm_gain
+    assert m.attn_params_per_layer() == 2 * 5120 * 5120 + 2 * 5120 * 1024
+
+
+def _scout_variant(tmp_path: Path, name: str, top=None, **text) -> Path:
+    data = json.loads((hf_models_dir() / f"{SCOUT}.json").read_text())
+    for key, value in text.items():
+        if value is None:
+            data["text_config"].pop(key, None)
+        else:
+            data["text_config"][key] = value
+    data.update(top or {})
+    return _json(tmp_path, name, data)
+
+
+def test_llama4_moe_layer_sets(tmp_path):
+    # interleave_moe_layer_step = 2 (as Llama-4-Maverick): moe_layers = range(1, 48, 2), odd layers,
+    # which first_moe_layer + moe_layer_freq cannot express: an explicit list.
+    m = load_model(str(_scout_variant(tmp_path, "step2", interleave_moe_layer_step=2)))
+    assert m.moe.moe_layers == tuple(range(1, 48, 2))
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert (m.num_dense_layers, m.num_moe_layers) == (24, 24)
+    scout = load_model(SCOUT)
+    dense_minus_moe = 3 * 5120 * 16384 - (17 * 3 * 5120 * 8192 + 16 * 5120)
+    assert m.param_count() - scout.param_count() == 24 * dense_minus_moe
+    # an explicit moe_layers list wins over the step
+    m = load_model(str(_scout_variant(tmp_path, "explicit", moe_layers=[0, 5], interleave_moe_layer_step=2)))
+    assert m.moe.moe_layers == (0, 5) and m.num_moe_layers == 2
+    # a rule-shaped list is stored as the rule
+    m = load_model(str(_scout_variant(tmp_path, "every2", moe_layers=list(range(0, 48, 2)))))
+    assert m.moe.moe_layers == () and (m.moe.first_moe_layer, m.moe.moe_layer_freq) == (0, 2)
+    assert m.num_moe_layers == 24
+    assert load_model(str(_scout_variant(tmp_path, "dense", moe_layers=[]))).moe is None
+    assert not load_model(str(_scout_variant(tmp_path, "noqk", use_qk_norm=False))).qk_norm
+
+
+def test_llama4_errors(tmp_path):
+    path = _scout_variant(tmp_path, "no-mlp", intermediate_size_mlp=None)
+    msg = _model_error(path)
+    assert "key 'text_config.intermediate_size_mlp' is missing; it is required for model_type 'llama4'" in msg
+    data = json.loads((hf_models_dir() / f"{SCOUT}.json").read_text())
+    del data["text_config"]
+    assert "key 'text_config' must be an object" in _model_error(_json(tmp_path, "no-text", data))
+    assert "key 'text_config.moe_layers' must hold indices < num_layers (48), got [0, 48]" in _model_error(
+        _scout_variant(tmp_path, "bad-layers", moe_layers=[0, 48]))
+    assert "key 'text_config.moe_layers' must be ascending without repeats" in _model_error(
+        _scout_variant(tmp_path, "unsorted", moe_layers=[5, 0]))
+
+
+# -- checkpoint dtype ---------------------------------------------------------------------------
+
+def test_checkpoint_dtype_of_shipped_configs():
+    assert load_model(SCOUT).checkpoint_dtype == "fp8"  # compressed-tensors, float 8-bit weights
+    assert load_model("qwen3-14b").checkpoint_dtype == "bf16"  # torch_dtype bfloat16
+    assert load_model("llama-2-7b-hf").checkpoint_dtype == "fp16"  # torch_dtype float16
+    assert all(load_model(n).checkpoint_dtype == "bf16" for n in list_models())  # TOML default
+
+
+def _dtype_of(tmp_path: Path, name: str, drop=(), **top) -> str:
+    data = json.loads((hf_models_dir() / "qwen3-14b.json").read_text())
+    for key in drop:
+        del data[key]
+    data.update(top)
+    return load_model(str(_json(tmp_path, name, data))).checkpoint_dtype
+
+
+def test_checkpoint_dtype_from_hf_keys(tmp_path):
+    assert _dtype_of(tmp_path, "f32", torch_dtype="float32") == "bf16"
+    assert _dtype_of(tmp_path, "none", drop=("torch_dtype",)) == "bf16"
+    assert _dtype_of(tmp_path, "new-key", drop=("torch_dtype",), dtype="float16") == "fp16"
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    assert _dtype_of(tmp_path, "fp8", quantization_config=fp8) == "fp8"
+    assert _dtype_of(tmp_path, "awq", quantization_config={"quant_method": "awq", "bits": 4}) == "int4"
+    assert _dtype_of(tmp_path, "gptq", quantization_config={"quant_method": "gptq"}) == "int4"
+    assert _dtype_of(tmp_path, "gptq8", quantization_config={"quant_method": "gptq", "bits": 8}) == "int8"
+    w4 = {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 4, "type": "int"}, "targets": ["Linear"]}}}
+    assert _dtype_of(tmp_path, "w4a16", quantization_config=w4) == "int4"
+    w8 = {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 8, "type": "int"}}, "group_1": {"weights": None}}}
+    assert _dtype_of(tmp_path, "w8a8", quantization_config=w8) == "int8"
+
+
+def test_checkpoint_dtype_errors(tmp_path):
+    msg = _model_error(_json(tmp_path, "bnb", dict(json.loads((hf_models_dir() / "qwen3-14b.json").read_text()),
+                                                   quantization_config={"quant_method": "bitsandbytes"})))
+    assert "key 'quantization_config.quant_method' must be one of 'compressed-tensors', 'fp8'" in msg
+    assert "got 'bitsandbytes'" in msg and "\n" not in msg
+    data = json.loads((hf_models_dir() / "qwen3-14b.json").read_text())
+    assert "key 'torch_dtype' must be one of 'bfloat16', 'float16', 'float32', got 'float64'" in _model_error(
+        _json(tmp_path, "f64", dict(data, torch_dtype="float64")))
+    w2 = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 2, "type": "int"}}}}
+    assert "key 'quantization_config.config_groups.g.weights.num_bits' 2 with type 'int' is not" in _model_error(
+        _json(tmp_path, "w2", dict(data, quantization_config=w2)))
+
+
+def test_toml_optional_keys(tmp_path):
+    m = load_model(str(_toml_variant(tmp_path, "ok-opt", text=LLAMA_TEXT + 'checkpoint_dtype = "fp8"\nqk_norm = true\n')))
+    assert m.checkpoint_dtype == "fp8" and m.qk_norm and m.qk_norm_gain  # gain defaults to qk_norm
+    assert m.param_count() - load_model("llama-3.1-8b").param_count() == 32 * 2 * 128
+    m = load_model(str(_toml_variant(tmp_path, "ok-l2", text=LLAMA_TEXT + "qk_norm = true\nqk_norm_gain = false\n")))
+    assert m.qk_norm and not m.qk_norm_gain and m.param_count() == load_model("llama-3.1-8b").param_count()
+    assert "key 'checkpoint_dtype' must be one of 'bf16', 'fp16', 'fp8', 'int8', 'int4', 'fp4', got 'fp32'" in \
+        _model_error(_toml_variant(tmp_path, "bad-ckpt", text=LLAMA_TEXT + 'checkpoint_dtype = "fp32"\n'))
+    assert "key 'qk_norm_gain' = true needs qk_norm = true" in _model_error(
+        _toml_variant(tmp_path, "bad-gain", text=LLAMA_TEXT + "qk_norm_gain = true\n"))
+    text = (models_dir() / "deepseek-v3.toml").read_text()
+    text = text.replace("[moe]", "qk_norm = true\n\n[moe]", 1)
+    assert "key 'qk_norm' = true is not supported with MLA" in _model_error(
+        _toml_variant(tmp_path, "bad-mla-qk", text=text))
+
+
+def test_toml_explicit_moe_layers(tmp_path):
+    text = TINY_MOE_MLA.replace("first_moe_layer = 1\nmoe_layer_freq = 2", "moe_layers = [1, 3]")
+    m = load_model(str(_write(tmp_path, "tiny-list", text)))
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert m.moe.moe_layers == (1, 3) and m.moe.first_moe_layer == 1
+    # two MoE layers of 512 instead of one, one dense layer of 384 fewer (test_tiny_moe_mla_by_hand)
+    assert m.param_count() == 2848 + 512 - 384
+    both = TINY_MOE_MLA.replace("moe_layer_freq = 2", "moe_layer_freq = 2\nmoe_layers = [1]")
+    assert "key 'moe.first_moe_layer' is not a known key" in _model_error(_write(tmp_path, "tiny-both", both))
+    bad = TINY_MOE_MLA.replace("first_moe_layer = 1\nmoe_layer_freq = 2", "moe_layers = [1, 4]")
+    assert "key 'moe.moe_layers' must hold indices < num_layers (4), got [1, 4]" in _model_error(
+        _write(tmp_path, "tiny-bad", bad))
+
+
+def test_hf_unsupported_model_type_lists_new_families(tmp_path):
+    msg = _model_error(_hf_variant(tmp_path, "llama-3.1-8b", model_type="gemma3"))
+    assert "key 'model_type' must be one of" in msg and "got 'gemma3'" in msg and "\n" not in msg
+    for family in ("'llama'", "'qwen3'", "'qwen3_moe'", "'llama4'", "'deepseek_v3'"):
+        assert family in msg
+
+
+def test_unknown_model_name_lists_hf_configs():
+    with pytest.raises(ConfigError, match=r"unknown model 'foo'; available: .*; HF configs: codellama-34b-hf, "
+                                          r".*qwen3-14b, yi-34b; or pass a path"):
+        load_model("foo")
+
+
+@pytest.mark.parametrize("name", HF_SHIPPED)
+def test_shipped_hf_config_is_priced(name):
+    from servesim.config import load_hardware
+    from servesim.costmodel import Batch, Layout, build_replica
+    m = load_model(name)
+    layout = Layout(tp=4 if m.param_count() > 30e9 else 1, dtype="fp8" if m.checkpoint_dtype == "fp8" else "bf16")
+    rc = build_replica(m, load_hardware("h100-sxm"), layout)
+    b = rc.iteration(Batch(prefill=((512, 0),), decode=(1024,) * 8))
+    assert b.time_s > 0 and rc.memory.kv_capacity_tokens > 0
+
+
+def test_profiles_list_marks_hf_configs():
+    from click.testing import CliRunner
+    from servesim.cli import main
+    out = CliRunner().invoke(main, ["profiles", "list", "--format", "json"], catch_exceptions=False).output
+    models = {m["name"]: m for m in json.loads(out)["models"]}
+    assert models["qwen3-14b"]["config"] == "hf" and models["llama-3.1-8b"]["config"] == "toml"
+    assert 107 < models[SCOUT]["params_b"] < 109
+    table = CliRunner().invoke(main, ["profiles", "list"], catch_exceptions=False).output
+    assert any(line.split()[0] == SCOUT and line.split()[-1] == "hf" for line in table.splitlines() if line.strip())
+    shown = CliRunner().invoke(main, ["profiles", "show", "qwen3-14b", "--format", "json"], catch_exceptions=False)
+    assert json.loads(shown.output)["qk_norm"] is True

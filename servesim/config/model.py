@@ -3,7 +3,8 @@ validated, frozen dataclasses, with parameter counts derived from the shapes.
 
 Parameter counting follows the module structure of the HuggingFace ``transformers``
 implementations (``modeling_llama.py``, ``modeling_mixtral.py``, ``modeling_qwen2.py``,
-``modeling_deepseek_v3.py``) and, for GPT-3, Brown et al. 2020 ("Language Models are Few-Shot
+``modeling_qwen3.py``, ``modeling_qwen3_moe.py``, ``modeling_llama4.py``, ``modeling_deepseek_v3.py``)
+and, for GPT-3, Brown et al. 2020 ("Language Models are Few-Shot
 Learners", arXiv:2005.14165, Table 2.1; architecture as GPT-2: Radford et al. 2019) — every
 formula below names what it counts. Counts are in parameters (not bytes).
 """
@@ -21,14 +22,18 @@ from servesim.paths import models_dir
 ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 POSITION_EMBEDDINGS = ("rope", "learned")
 NORMS = ("rmsnorm", "layernorm")
-HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "deepseek_v3")
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "llama4", "deepseek_v3")
+# Weight formats of a checkpoint (the names of servesim.costmodel.dtypes.WEIGHT_DTYPES).
+CHECKPOINT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 
 _TOP_KEYS = ("name", "source", "published_params_b", "num_layers", "hidden_size",
              "num_attention_heads", "num_kv_heads", "head_dim", "ffn_hidden_size", "activation",
              "gated_mlp", "vocab_size", "tied_embeddings", "max_context", "rope_theta",
              "position_embedding", "norm", "linear_bias", "qkv_bias")
+_TOP_OPTIONAL = ("qk_norm", "qk_norm_gain", "checkpoint_dtype", "moe", "mla")
 _MOE_KEYS = ("num_experts", "experts_per_token", "num_shared_experts", "expert_ffn_hidden_size",
-             "shared_expert_ffn_hidden_size", "first_moe_layer", "moe_layer_freq")
+             "shared_expert_ffn_hidden_size")
+_MOE_LAYER_RULE = ("first_moe_layer", "moe_layer_freq")  # or an explicit list: moe_layers
 _MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
@@ -43,6 +48,10 @@ class MoEConfig:
     shared_expert_ffn_hidden_size: int  # FFN width of one shared expert (0 when none)
     first_moe_layer: int  # layers [0, first_moe_layer) are dense (DeepSeek first_k_dense_replace)
     moe_layer_freq: int  # layer i >= first_moe_layer is MoE when i % moe_layer_freq == 0
+    # Explicit MoE layer indices, ascending (HF Llama4TextConfig.moe_layers, Qwen3-MoE's
+    # decoder_sparse_step / mlp_only_layers); when given, first_moe_layer is its first entry,
+    # moe_layer_freq is 1 and both are unused.
+    moe_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,11 @@ class ModelConfig:
     moe: MoEConfig | None
     mla: MLAConfig | None
     path: Path
+    # A per-head norm of q and of k before attention: Qwen3's RMSNorm q_norm / k_norm (gain of
+    # head_dim each), Llama-4's weightless L2 norm (use_qk_norm). Costed as two norm kernels.
+    qk_norm: bool = False
+    qk_norm_gain: bool = False  # those norms carry a learned gain (Qwen3); False for Llama-4
+    checkpoint_dtype: str = "bf16"  # weight format of the published checkpoint (CHECKPOINT_DTYPES)
 
     # -- attention shapes -------------------------------------------------------------------
     @property
@@ -110,9 +124,12 @@ class ModelConfig:
     # -- layer kinds ------------------------------------------------------------------------
     def is_moe_layer(self, i: int) -> bool:
         """HF DeepseekV3DecoderLayer rule: MoE iff i >= first_k_dense_replace and
-        i % moe_layer_freq == 0; Mixtral (first 0, freq 1) makes every layer MoE."""
+        i % moe_layer_freq == 0; Mixtral (first 0, freq 1) makes every layer MoE. An explicit
+        moe.moe_layers list wins (HF Llama4TextDecoderLayer: ``layer_idx in config.moe_layers``)."""
         if self.moe is None:
             return False
+        if self.moe.moe_layers:
+            return i in self.moe.moe_layers
         return i >= self.moe.first_moe_layer and i % self.moe.moe_layer_freq == 0
 
     @property
@@ -128,7 +145,9 @@ class ModelConfig:
         """Attention weights (and biases) of one layer.
 
         Standard / GQA: W_q (h x q_dim) + W_k, W_v (h x kv_dim each) + W_o (q_dim x h);
-        biases: Q, K, V (q_dim + 2 kv_dim) when qkv_bias or linear_bias, plus O (h) when linear_bias.
+        biases: Q, K, V (q_dim + 2 kv_dim) when qkv_bias or linear_bias, plus O (h) when linear_bias;
+        q/k norm gains (HF Qwen3Attention q_norm, k_norm: RMSNorm(head_dim) each) 2 head_dim
+        when qk_norm_gain (Llama-4's L2 qk norm has no weights).
         MLA (HF modeling_deepseek_v3.DeepseekV3Attention): q_a_proj (h x d_c') + q_a_layernorm
         (d_c') + q_b_proj (d_c' x heads (d_h + d_h^R)), or q_proj (h x heads (d_h + d_h^R)) when
         q_lora_rank = 0; kv_a_proj_with_mqa (h x (d_c + d_h^R)) + kv_a_layernorm (d_c) +
@@ -152,6 +171,8 @@ class ModelConfig:
             params += q_dim + 2 * kv_dim
         if self.linear_bias:
             params += h
+        if self.qk_norm_gain:
+            params += 2 * self.head_dim
         return params
 
     def _mlp_params(self, ffn: int) -> int:
@@ -244,8 +265,19 @@ def list_models() -> list[str]:
     return sorted(p.stem for p in models_dir().glob("*.toml"))
 
 
+def hf_models_dir() -> Path:
+    """The shipped HuggingFace config.json files of deployed models (``workloads/models/hf``)."""
+    return models_dir() / "hf"
+
+
+def list_hf_models() -> list[str]:
+    """Names (file stems) of the shipped HF config.json files, sorted; ``load_model`` takes them."""
+    return sorted(p.stem for p in hf_models_dir().glob("*.json"))
+
+
 def load_model(name_or_path: str) -> ModelConfig:
-    """A shipped name (``"llama-3.1-8b"``), a path to a ``.toml``, or a path to a HuggingFace
+    """A shipped name (``"llama-3.1-8b"``; a shipped HF config such as ``"qwen3-14b"``, where a
+    shipped TOML of the same name wins), a path to a ``.toml``, or a path to a HuggingFace
     ``config.json`` (or a folder holding one)."""
     text = str(name_or_path)
     path = Path(text)
@@ -261,10 +293,14 @@ def load_model(name_or_path: str) -> ModelConfig:
             return _load_hf(path.resolve())
         raise ConfigError(f"{text}: model file must end in .toml or .json, got '{path.suffix}'")
     shipped = models_dir() / f"{text}.toml"
-    if not shipped.is_file():
-        raise ConfigError(f"unknown model '{text}'; available: {', '.join(list_models())}; "
-                          "or pass a path to a .toml or HF config.json")
-    return _load_toml(shipped.resolve())
+    if shipped.is_file():
+        return _load_toml(shipped.resolve())
+    shipped_hf = hf_models_dir() / f"{text}.json"
+    if shipped_hf.is_file():
+        return _load_hf(shipped_hf.resolve())
+    raise ConfigError(f"unknown model '{text}'; available: {', '.join(list_models())}; "
+                      f"HF configs: {', '.join(list_hf_models())}; "
+                      "or pass a path to a .toml or HF config.json")
 
 
 # -- TOML ------------------------------------------------------------------------------------
@@ -272,12 +308,13 @@ def load_model(name_or_path: str) -> ModelConfig:
 @functools.lru_cache(maxsize=None)
 def _load_toml(path: Path) -> ModelConfig:
     top = Table(read_toml(path), path)
-    top.expect_keys(_TOP_KEYS, optional=("moe", "mla"))
+    top.expect_keys(_TOP_KEYS, optional=_TOP_OPTIONAL)
     name = top.str("name", nonempty=True)
     if name != path.stem:
         raise top.error("name", f"must equal the file stem '{path.stem}', got {name!r}")
     moe = _read_moe(top.table("moe")) if top.has("moe") else None
     mla = _read_mla(top.table("mla")) if top.has("mla") else None
+    qk_norm = top.bool("qk_norm") if top.has("qk_norm") else False
     config = ModelConfig(
         name=name,
         source=top.str("source", nonempty=True),
@@ -301,22 +338,47 @@ def _load_toml(path: Path) -> ModelConfig:
         moe=moe,
         mla=mla,
         path=path,
+        qk_norm=qk_norm,
+        qk_norm_gain=top.bool("qk_norm_gain") if top.has("qk_norm_gain") else qk_norm,
+        checkpoint_dtype=(top.str("checkpoint_dtype", choices=CHECKPOINT_DTYPES)
+                          if top.has("checkpoint_dtype") else "bf16"),
     )
     _check_consistency(config, lambda key, msg: top.error(key, msg))
     return config
 
 
 def _read_moe(t: Table) -> MoEConfig:
-    t.expect_keys(_MOE_KEYS)
+    """[moe]: the MoE layers are either first_moe_layer + moe_layer_freq, or a list moe_layers."""
+    if t.has("moe_layers"):
+        t.expect_keys(_MOE_KEYS + ("moe_layers",))
+        layers = _int_list(t, "moe_layers")
+        if not layers:
+            raise t.error("moe_layers", "must list at least one layer index, got []")
+        first, freq = layers[0], 1
+    else:
+        t.expect_keys(_MOE_KEYS + _MOE_LAYER_RULE)
+        layers, first, freq = (), t.int("first_moe_layer", ge=0), t.int("moe_layer_freq", ge=1)
     return MoEConfig(
         num_experts=t.int("num_experts", ge=1),
         experts_per_token=t.int("experts_per_token", ge=1),
         num_shared_experts=t.int("num_shared_experts", ge=0),
         expert_ffn_hidden_size=t.int("expert_ffn_hidden_size", ge=1),
         shared_expert_ffn_hidden_size=t.int("shared_expert_ffn_hidden_size", ge=0),
-        first_moe_layer=t.int("first_moe_layer", ge=0),
-        moe_layer_freq=t.int("moe_layer_freq", ge=1),
+        first_moe_layer=first,
+        moe_layer_freq=freq,
+        moe_layers=layers,
     )
+
+
+def _int_list(t: Table, key: str, ascending: bool = True) -> tuple[int, ...]:
+    """A list of layer indices (integers >= 0; ascending without repeats unless not asked)."""
+    value = t.data[key]
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
+                                          for v in value):
+        raise t.error(key, f"must be a list of layer indices (integers >= 0), got {value!r}")
+    if ascending and any(b <= a for a, b in zip(value, value[1:])):
+        raise t.error(key, f"must be ascending without repeats, got {value!r}")
+    return tuple(value)
 
 
 def _read_mla(t: Table) -> MLAConfig:
@@ -351,8 +413,15 @@ def _check_consistency(c: ModelConfig, error) -> None:
             raise error("moe.shared_expert_ffn_hidden_size",
                         f"must be > 0 exactly when moe.num_shared_experts > 0 "
                         f"(num_shared_experts = {m.num_shared_experts}), got {m.shared_expert_ffn_hidden_size}")
+        if m.moe_layers and m.moe_layers[-1] >= c.num_layers:
+            raise error("moe.moe_layers", f"must hold indices < num_layers ({c.num_layers}), "
+                                          f"got {list(m.moe_layers)}")
         if m.first_moe_layer >= c.num_layers:
             raise error("moe.first_moe_layer", f"must be < num_layers ({c.num_layers}), got {m.first_moe_layer}")
+    if c.qk_norm and c.mla is not None:
+        raise error("qk_norm", "= true is not supported with MLA; remove it or the [mla] table")
+    if c.qk_norm_gain and not c.qk_norm:
+        raise error("qk_norm_gain", "= true needs qk_norm = true; set qk_norm = true or remove qk_norm_gain")
 
 
 # -- HuggingFace config.json -----------------------------------------------------------------
@@ -361,10 +430,11 @@ _REQUIRED = object()
 
 
 class _HF:
-    """Reads keys of an HF config.json; absent or null keys take the transformers default or fail."""
+    """Reads keys of an HF config.json (or of its nested ``text_config``); absent or null keys
+    take the transformers default or fail."""
 
-    def __init__(self, data: dict[str, Any], path: Path, model_type: str):
-        self.table = Table(data, path)
+    def __init__(self, data: dict[str, Any], path: Path, model_type: str, prefix: str = ""):
+        self.table = Table(data, path, prefix)
         self.model_type = model_type
 
     def _present(self, key: str, default: Any) -> bool:
@@ -386,22 +456,56 @@ class _HF:
     def str(self, key: str, default: Any = _REQUIRED, choices=None) -> str:
         return self.table.str(key, choices=choices) if self._present(key, default) else default
 
+    def int_list(self, key: str, default: Any = _REQUIRED, ascending: bool = True) -> tuple[int, ...]:
+        return _int_list(self.table, key, ascending) if self._present(key, default) else tuple(default)
+
 
 @functools.lru_cache(maxsize=None)
 def _load_hf(path: Path) -> ModelConfig:
-    """Map an HF config.json (llama, mistral, mixtral, qwen2, deepseek_v3) onto ModelConfig.
+    """Map an HF config.json (model_type one of HF_MODEL_TYPES) onto ModelConfig.
 
     Defaults for absent keys are those of the transformers config classes (LlamaConfig etc.):
-    num_key_value_heads = num_attention_heads, head_dim = hidden_size / num_attention_heads,
-    hidden_act = "silu", tie_word_embeddings = false, rope_theta = 10000. The published parameter
-    count is unknown (published_params = 0).
+    num_key_value_heads = num_attention_heads, head_dim = hidden_size / num_attention_heads
+    (128 for qwen3, qwen3_moe and llama4, as in Qwen3Config and Llama4TextConfig),
+    hidden_act = "silu", tie_word_embeddings = false, rope_theta = 10000. The published
+    parameter count is unknown (published_params = 0). Family specifics:
+
+    - qwen3: heads x head_dim may differ from hidden_size (Qwen3-14B: 40 x 128 = 5120, but
+      Qwen3-8B 32 x 128 = 4096 at hidden 4096, Qwen3-32B 64 x 128 = 8192 at hidden 5120); no QKV
+      bias; RMSNorm ``q_norm`` and ``k_norm`` over each head (qk_norm, gain of head_dim each).
+    - qwen3_moe: as qwen3, with ``num_experts`` routed experts of width ``moe_intermediate_size``,
+      top ``num_experts_per_tok``, no shared expert; layer i is MoE iff i is not in
+      ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0 (HF Qwen3MoeDecoderLayer),
+      the others are dense of width ``intermediate_size``. ``norm_topk_prob`` changes no cost.
+    - llama4 (Llama4ForConditionalGeneration): only the text model in ``text_config``
+      (model_type llama4_text) is read; the vision encoder and projector are ignored, neither
+      counted nor costed (about 0.9B of Llama-4-Scout's 109B). MoE layers are ``moe_layers``,
+      else range(step - 1, num_hidden_layers, step) with step = ``interleave_moe_layer_step``
+      (HF Llama4TextConfig; Llama4TextDecoderLayer: ``layer_idx in config.moe_layers``); each
+      has ``num_local_experts`` routed experts (top ``num_experts_per_tok``, sigmoid router)
+      plus one shared expert, all of width ``intermediate_size``; dense layers have width
+      ``intermediate_size_mlp``. ``use_qk_norm`` (a weightless L2 norm of q and k) counts as
+      qk_norm in every layer, though HF applies it in the RoPE layers only (3 of 4). The NoPE
+      layers (``no_rope_layers``: no rotary embedding there) and chunked local attention
+      (``attention_chunk_size`` 8192 in the RoPE layers) are not modelled: up to 8192 tokens of
+      context chunked attention is full causal attention; beyond it the attention cost of the
+      chunked layers is overstated.
+
+    The checkpoint's weight format (checkpoint_dtype) comes from ``quantization_config`` when
+    present, else from ``torch_dtype`` (or the newer ``dtype``), else bf16; see _checkpoint_dtype.
     """
     data = read_json(path)
     raw_type = data.get("model_type")
     if raw_type not in HF_MODEL_TYPES:
         raise ConfigError(f"{display_path(path)}: key 'model_type' must be one of "
                           f"{', '.join(repr(t) for t in HF_MODEL_TYPES)}, got {raw_type!r}")
-    hf = _HF(data, path, raw_type)
+    top = hf = _HF(data, path, raw_type)
+    if raw_type == "llama4":
+        text = data.get("text_config")
+        if not isinstance(text, dict):
+            raise top.table.error("text_config", "must be an object holding the text model's config "
+                                                 f"(model_type 'llama4_text'), got {text!r}")
+        hf = _HF(text, path, raw_type, prefix="text_config")
     for key in ("attention_bias", "mlp_bias"):
         if hf.bool(key, default=False):
             raise hf.table.error(key, "= true is not supported; only Qwen2-style QKV bias is modelled")
@@ -409,7 +513,10 @@ def _load_hf(path: Path) -> ModelConfig:
     hidden = hf.int("hidden_size")
     heads = hf.int("num_attention_heads")
     kv_heads = hf.int("num_key_value_heads", default=heads)
+    num_layers = hf.int("num_hidden_layers")
+    ffn = hf.int("intermediate_size")
     moe = mla = None
+    qk_norm = qk_norm_gain = False
     if raw_type == "deepseek_v3":
         mla = MLAConfig(
             kv_lora_rank=hf.int("kv_lora_rank"),
@@ -431,10 +538,11 @@ def _load_hf(path: Path) -> ModelConfig:
             moe_layer_freq=hf.int("moe_layer_freq", default=1),
         )
     else:
-        if hf.table.data.get("head_dim") is None and hidden % heads != 0:
+        explicit_default = 128 if raw_type in ("qwen3", "qwen3_moe", "llama4") else None
+        if explicit_default is None and hf.table.data.get("head_dim") is None and hidden % heads != 0:
             raise hf.table.error("head_dim", f"is missing and hidden_size ({hidden}) is not divisible "
                                              f"by num_attention_heads ({heads}); add head_dim")
-        head_dim = hf.int("head_dim", default=hidden // heads)
+        head_dim = hf.int("head_dim", default=explicit_default or hidden // heads)
         if raw_type == "mixtral":
             moe = MoEConfig(
                 num_experts=hf.int("num_local_experts"),
@@ -445,19 +553,27 @@ def _load_hf(path: Path) -> ModelConfig:
                 first_moe_layer=0,
                 moe_layer_freq=1,
             )
+        elif raw_type in ("qwen3", "qwen3_moe"):
+            qk_norm = qk_norm_gain = True  # Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
+            if raw_type == "qwen3_moe":
+                moe = _qwen3_moe(hf, num_layers)
+        elif raw_type == "llama4":
+            qk_norm = hf.bool("use_qk_norm", default=True)  # Llama4TextL2Norm: no weights
+            moe = _llama4_moe(hf, num_layers)
+            ffn = hf.int("intermediate_size_mlp")
 
     config = ModelConfig(
         name=path.parent.name if path.name == "config.json" else path.stem,
         source=display_path(path),
         published_params=0.0,
-        num_layers=hf.int("num_hidden_layers"),
+        num_layers=num_layers,
         hidden_size=hidden,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        ffn_hidden_size=hf.int("intermediate_size"),
+        ffn_hidden_size=ffn,
         activation=hf.str("hidden_act", default="silu", choices=ACTIVATIONS),
-        gated_mlp=True,  # all five families use gate/up/down MLPs
+        gated_mlp=True,  # every supported family uses gate/up/down MLPs
         vocab_size=hf.int("vocab_size"),
         tied_embeddings=hf.bool("tie_word_embeddings", default=False),
         max_context=hf.int("max_position_embeddings"),
@@ -469,13 +585,124 @@ def _load_hf(path: Path) -> ModelConfig:
         moe=moe,
         mla=mla,
         path=path,
+        qk_norm=qk_norm,
+        qk_norm_gain=qk_norm_gain,
+        checkpoint_dtype=_checkpoint_dtype(top, hf),
     )
     hf_keys = {"num_kv_heads": "num_key_value_heads", "rope_theta": "rope_theta",
                "head_dim": "head_dim", "moe.experts_per_token": "num_experts_per_tok",
                "moe.first_moe_layer": "first_k_dense_replace",
-               "moe.shared_expert_ffn_hidden_size": "n_shared_experts"}
+               "moe.shared_expert_ffn_hidden_size": "n_shared_experts",
+               "moe.moe_layers": "moe_layers"}
     _check_consistency(config, lambda key, msg: hf.table.error(hf_keys.get(key, key), msg))
     return config
 
 
-__all__ = ["MoEConfig", "MLAConfig", "ModelConfig", "list_models", "load_model"]
+def _moe_layer_rule(layers: tuple[int, ...], num_layers: int) -> dict[str, Any]:
+    """MoEConfig layer fields for a set of MoE layers: first_moe_layer + moe_layer_freq when that
+    rule gives exactly this set (Llama-4-Scout: every layer), else the explicit list."""
+    first = layers[0]
+    freq = layers[1] - layers[0] if len(layers) > 1 else 1
+    if tuple(i for i in range(num_layers) if i >= first and i % freq == 0) == layers:
+        return {"first_moe_layer": first, "moe_layer_freq": freq, "moe_layers": ()}
+    return {"first_moe_layer": first, "moe_layer_freq": 1, "moe_layers": layers}
+
+
+def _qwen3_moe(hf: _HF, num_layers: int) -> MoEConfig | None:
+    """Qwen3MoeSparseMoeBlock on the layers HF Qwen3MoeDecoderLayer makes sparse; None if none."""
+    num_experts = hf.int("num_experts", ge=0)
+    step = hf.int("decoder_sparse_step", default=1)
+    dense_only = set(hf.int_list("mlp_only_layers", default=(), ascending=False))
+    layers = tuple(i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0)
+    if num_experts == 0 or not layers:
+        return None
+    return MoEConfig(
+        num_experts=num_experts,
+        experts_per_token=hf.int("num_experts_per_tok"),
+        num_shared_experts=0,
+        expert_ffn_hidden_size=hf.int("moe_intermediate_size"),
+        shared_expert_ffn_hidden_size=0,
+        **_moe_layer_rule(layers, num_layers),
+    )
+
+
+def _llama4_moe(hf: _HF, num_layers: int) -> MoEConfig | None:
+    """Llama4TextMoe (routed Llama4TextExperts + one shared Llama4TextMLP, both of width
+    intermediate_size) on the layers of Llama4TextConfig.moe_layers; None if there are none."""
+    if hf.table.data.get("moe_layers") is not None:
+        layers = hf.int_list("moe_layers")
+    else:
+        step = hf.int("interleave_moe_layer_step", default=1)
+        layers = tuple(range(step - 1, num_layers, step))
+    if not layers:
+        return None
+    width = hf.int("intermediate_size")
+    return MoEConfig(
+        num_experts=hf.int("num_local_experts"),
+        experts_per_token=hf.int("num_experts_per_tok"),
+        num_shared_experts=1,
+        expert_ffn_hidden_size=width,
+        shared_expert_ffn_hidden_size=width,
+        **_moe_layer_rule(layers, num_layers),
+    )
+
+
+# torch_dtype -> checkpoint_dtype; float32 checkpoints are served in 16-bit (vLLM's --dtype auto
+# downcasts float32 weights), counted here as bf16.
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16"}
+_QUANT_METHODS = ("compressed-tensors", "fp8", "fbgemm_fp8", "awq", "gptq")
+_CT_WEIGHTS = {("float", 8): "fp8", ("int", 8): "int8", ("float", 4): "fp4", ("int", 4): "int4"}
+_INT_BITS = {8: "int8", 4: "int4"}
+_DTYPE_BITS = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "fp4": 4, "int4": 4}
+
+
+def _checkpoint_dtype(top: _HF, text: _HF) -> str:
+    """Weight format of the checkpoint.
+
+    ``quantization_config`` (top level) wins: quant_method "compressed-tensors" reads the
+    ``weights`` scheme (``type`` float/int, ``num_bits`` 8/4) of its config_groups, the widest
+    one if groups differ (float 8 -> fp8, e.g. FP8-dynamic checkpoints); "fp8" and "fbgemm_fp8"
+    -> fp8; "awq" and "gptq" -> int4 (int8 with ``bits`` = 8). Layers a quantised checkpoint keeps
+    in 16-bit (router, lm_head, compressed-tensors' ``ignore`` list) are not recorded. Otherwise
+    ``torch_dtype`` (``dtype`` in newer transformers; the text model's first for llama4):
+    bfloat16 -> bf16, float16 -> fp16, float32 -> bf16; else bf16.
+    """
+    if top.table.data.get("quantization_config") is not None:
+        q = top.table.table("quantization_config")
+        if not q.has("quant_method"):
+            raise q.error("quant_method", f"is missing; use one of {', '.join(map(repr, _QUANT_METHODS))}")
+        method = q.str("quant_method", choices=_QUANT_METHODS)
+        if method in ("fp8", "fbgemm_fp8"):
+            return "fp8"
+        if method in ("awq", "gptq"):
+            bits = q.int("bits") if q.data.get("bits") is not None else 4
+            if bits not in _INT_BITS:
+                raise q.error("bits", f"must be 4 or 8 for quant_method '{method}', got {bits}")
+            return _INT_BITS[bits]
+        if not q.has("config_groups"):
+            raise q.error("config_groups", "is missing; compressed-tensors needs a weights scheme there")
+        groups = q.table("config_groups")
+        found = []
+        for name in groups.data:
+            group = groups.table(name)
+            if group.data.get("weights") is None:
+                continue  # activation-only scheme
+            w = group.table("weights")
+            kind, bits = w.str("type", choices=("float", "int")), w.int("num_bits", ge=1)
+            if (kind, bits) not in _CT_WEIGHTS:
+                raise w.error("num_bits", f"{bits} with type '{kind}' is not a supported weight format; "
+                                          "supported: float 8 (fp8), int 8, float 4 (fp4), int 4")
+            found.append(_CT_WEIGHTS[(kind, bits)])
+        if not found:
+            raise q.error("config_groups", "holds no group with a weights scheme; add one or remove "
+                                           "quantization_config")
+        return max(found, key=_DTYPE_BITS.__getitem__)
+    for reader in (text, top):
+        for key in ("torch_dtype", "dtype"):
+            if reader.table.data.get(key) is not None:
+                return _TORCH_DTYPES[reader.table.str(key, choices=_TORCH_DTYPES)]
+    return "bf16"
+
+
+__all__ = ["MoEConfig", "MLAConfig", "ModelConfig", "CHECKPOINT_DTYPES", "hf_models_dir",
+           "list_hf_models", "list_models", "load_model"]

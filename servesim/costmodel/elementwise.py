@@ -10,7 +10,9 @@ reads its 16-bit inputs and writes its outputs once (per token, per GPU):
     rope          read + write the rotated q and k part  4 (q_heads + kv_heads) d_rope bytes
     activation    read g f / TP, write f / TP            2 (g + 1) f / TP bytes (g = 2 if gated)
 
-MLA (DeepSeek-V2 sec. 2.1) adds an RMSNorm on each of the compressed q and kv latents.
+MLA (DeepSeek-V2 sec. 2.1) adds an RMSNorm on each of the compressed q and kv latents. A q/k norm
+(Qwen3's per-head RMSNorm ``q_norm`` / ``k_norm``, Llama-4's L2 norm) adds two norm kernels, over
+the q heads and over the KV heads of one GPU: 4 (q_heads + kv_heads) d_head bytes in all.
 A kernel costs ``latency + bytes / (hbm_bw * fraction)`` with one achieved fraction per kind: norms
 are per-token reductions, rope and the activation do arithmetic per element, and the residual add
 is a pure stream, priced at the GEMMs' weight-streaming ``hbm_fraction``. Engines that fuse the add
@@ -45,10 +47,12 @@ def activation_bytes(ffn_width_gpu, gated):
     return ((2.0 if gated else 1.0) + 1.0) * ffn_width_gpu * ACT_BYTES
 
 
-def layer_kernels(hidden, rope_width_gpu, ffn_width_gpu, gated, latent_norm_widths=()):
-    """[(kind, bytes per token)] of one layer's elementwise kernels on one GPU."""
+def layer_kernels(hidden, rope_width_gpu, ffn_width_gpu, gated, latent_norm_widths=(), qk_norm_widths=()):
+    """[(kind, bytes per token)] of one layer's elementwise kernels on one GPU; ``qk_norm_widths``
+    are the q and k widths per GPU (q_heads d_head, kv_heads d_head) of a q/k-normed model."""
     out = [("norm", norm_bytes(hidden)), ("norm", norm_bytes(hidden))]
     out += [("norm", norm_bytes(w)) for w in latent_norm_widths]
+    out += [("norm", norm_bytes(w)) for w in qk_norm_widths]
     out += [("rope", rope_bytes(rope_width_gpu)), ("activation", activation_bytes(ffn_width_gpu, gated)),
             ("stream", add_bytes(hidden)), ("stream", add_bytes(hidden))]
     return out

@@ -165,7 +165,8 @@ def lower(model, hw, layout: Layout) -> CostParams:
             sh_k, sh_n = [h, fs / tp], [gated * fs / tp, h]
         experts, top_k, router_n = float(moe.num_experts), float(moe.experts_per_token), float(moe.num_experts)
         f_act = fe * moe.experts_per_token + fs
-    elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms)
+    qk_norms = (q_width, kv_heads_per_gpu(model, tp) * model.head_dim) if model.qk_norm else ()  # Qwen3, Llama-4
+    elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms, qk_norms)
     tp_link = collectives.link_for_group(hw, tp)
     pp_link = collectives.p2p_link(hw, tp * pp)
     n_moe = float(model.num_moe_layers) if model.moe is not None else 0.0
