@@ -14,7 +14,7 @@ from .engine.presets import get_preset
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
 from .metrics import parse_slo, requests_frame, summarize
-from .workload import build_requests, load_workload
+from .workload import build_requests, load_workload, parse_stages, with_shared_prefix
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,18 @@ class SimConfig:
     workload: str = "chat"
     isl: int | None = None
     osl: int | None = None
+    num_system_prompts: int | None = None       # shared prefix (None: the workload's [shared_prefix])
+    users_per_system_prompt: int | None = None
+    system_prompt_len: int | None = None
+    question_len: int | None = None
     rate: float | None = None
+    stages: str | tuple | None = None           # '5x600s,10x600s' or ((req/s, seconds), ...)
     arrival: str = "poisson"
     cv: float = 1.0
     concurrency: int = 0
     offline: bool = False
     trace_mode: str = "lengths"
-    num_requests: int = 2000
+    num_requests: int | None = None  # None: 2000, every trace row for replay/scale, the stages' arrivals
     duration: float | None = None
     warmup: float = 0.0
     slo: str | None = None
@@ -99,15 +104,52 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
     )
     if not 0.0 < filled.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {filled.gpu_memory_utilization}")
-    if filled.num_requests < 1:
+    if filled.num_requests is not None and filled.num_requests < 1:
         raise ConfigError(f"--num-requests must be >= 1, got {filled.num_requests}")
+    filled = replace(filled, stages=parse_stages(cfg.stages))
+    if filled.stages is not None:
+        _check_stages(cfg)
     model = load_model(filled.model)
     hw = hw if hw is not None else load_hardware(filled.hardware)
     if filled.iteration_overhead_us is not None:
         from .config.hardware import with_efficiency
         hw = with_efficiency(hw, iteration_overhead_s=filled.iteration_overhead_us * 1e-6)
-    workload = load_workload(filled.workload)
+    workload = with_shared_prefix(load_workload(filled.workload), filled.num_system_prompts,
+                                  filled.users_per_system_prompt, filled.system_prompt_len)
+    sp = workload.shared_prefix
+    if sp is not None:
+        filled = replace(filled, num_system_prompts=sp.num_system_prompts,
+                         users_per_system_prompt=sp.users_per_system_prompt, system_prompt_len=sp.system_prompt_len)
     return filled, model, hw, workload
+
+
+def _check_stages(cfg: SimConfig) -> None:
+    """--stages defines the rate, the arrivals and the number of requests: refuse what contradicts it."""
+    why = [
+        (cfg.rate is not None, f"--rate {cfg.rate:g}" if cfg.rate is not None else "",
+         "each stage sets its own rate"),
+        (cfg.offline, "--offline", "--offline sends every request at t = 0"),
+        (cfg.concurrency > 0, f"--concurrency {cfg.concurrency}", "--concurrency is a closed loop"),
+        (cfg.num_requests is not None, f"--num-requests {cfg.num_requests}",
+         "the number of requests is the arrivals inside the stage windows"),
+        (cfg.trace_mode != "lengths", f"--trace-mode {cfg.trace_mode}",
+         f"--trace-mode {cfg.trace_mode} takes the trace's own arrival times (use --trace-mode lengths)"),
+    ]
+    for given, flag, reason in why:
+        if given:
+            raise ConfigError(f"--stages and {flag} contradict: {reason}; drop one of them")
+
+
+def _trace_info(cfg: SimConfig, workload, reqs) -> dict | None:
+    """What a replayed or rescaled trace brings: file, requests, span and mean rate of the arrivals used."""
+    if cfg.trace_mode == "lengths" or workload.trace is None:
+        return None
+    from pathlib import Path
+    n = int(reqs.arrival.size)
+    span = float(reqs.arrival[-1] - reqs.arrival[0]) if n else 0.0
+    return {"file": Path(workload.trace.path).name, "mode": cfg.trace_mode, "num_requests": n,
+            "trace_rows": len(workload.trace), "span_s": span,
+            "mean_rate": (n - 1) / span if span > 0 else None}
 
 
 def simulate(config: SimConfig | None = None, *, hardware_profile=None, **options) -> Result:
@@ -121,13 +163,21 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, **option
                        max_tokens=cfg.max_num_batched_tokens, max_seqs=cfg.max_num_seqs,
                        fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
     rate = None
-    if not cfg.offline and cfg.concurrency <= 0:
+    if cfg.stages is not None:  # time-averaged offered rate
+        rate = sum(r * d for r, d in cfg.stages) / sum(d for _, d in cfg.stages)
+    elif not cfg.offline and cfg.concurrency <= 0:
         rate = cfg.rate if cfg.rate is not None else workload.default_rate * cfg.replicas
         if rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {rate}")
     reqs = build_requests(workload, cfg.num_requests, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv,
                           offline=cfg.offline or cfg.concurrency > 0, isl=cfg.isl, osl=cfg.osl,
-                          trace_mode=cfg.trace_mode, max_len=model.max_context)
+                          trace_mode=cfg.trace_mode, max_len=model.max_context, stages=cfg.stages,
+                          question_len=cfg.question_len)
+    trace, arrival = _trace_info(cfg, workload, reqs), cfg.arrival
+    if trace is not None and rate is not None:
+        arrival = "trace"
+        if cfg.trace_mode == "replay":
+            rate = trace["mean_rate"]
     opts = EngineOptions(
         scheduler=cfg.scheduler, router=cfg.router, preemption=cfg.preemption, replicas=cfg.replicas,
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -136,19 +186,21 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, **option
         warmup_time=cfg.warmup,
     )
     ecfg = engine_config(opts, rc)
-    out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed)
+    out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
+                     prefix_group=reqs.prefix_group, prefix_len=reqs.prefix_len)
     df = requests_frame(out, reqs.prompt, reqs.output)
     price = cfg.price if cfg.price is not None else hw.usd_per_hour
     from .costmodel.dtypes import compute_dtype
     summary = summarize(df, out, warmup=cfg.warmup, slo=parse_slo(cfg.slo), num_gpus_per_replica=rc.num_gpus,
                         replicas=cfg.replicas, usd_per_gpu_hour=price,
                         peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
-                        num_blocks=ecfg.num_blocks, offered_rate=rate)
+                        num_blocks=ecfg.num_blocks, offered_rate=rate, stages=cfg.stages)
     config = {k: getattr(cfg, k) for k in (f.name for f in fields(cfg))}
     config.update({"num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
                    "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
                    "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30, "rate": rate,
-                   "duration": cfg.duration})
+                   "duration": cfg.duration, "num_requests": int(reqs.arrival.size), "arrival": arrival,
+                   "trace": trace})
     summary = _clean({"config": config, **summary})
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})

@@ -10,17 +10,18 @@ import pandas as pd
 from .engine import codes as C
 from .engine import kernel as K
 from .errors import ConfigError
+from .workload.arrivals import DURATION_UNITS
 
 PCTS = (50, 90, 95, 99)
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 _SLO_RE = re.compile(r"^(ttft|tpot|itl|e2e|queue)_(mean|p50|p90|p95|p99)$")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_UNITS = DURATION_UNITS  # us, ms, s, min (or m), h
 
 
 def parse_duration(text: str, option: str = "--slo") -> float:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*", text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(" + "|".join(_UNITS) + r")?\s*", text)
     if not m:
-        raise ConfigError(f"{option}: cannot read a duration from {text!r}; write e.g. 500ms, 0.5s or 200us")
+        raise ConfigError(f"{option}: cannot read a duration from {text!r}; write e.g. 500ms, 0.5s, 200us or 10min")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
@@ -121,7 +122,10 @@ def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
 
 def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
               replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
-              offered_rate: float | None) -> dict:
+              offered_rate: float | None, stages=None) -> dict:
+    """The summary of one run. `stages`: ((rate, duration_s), ...) of a load in stages, or None; with
+    it the summary has a `stages` list (requests binned by arrival time) and saturation is judged per
+    stage (see `_queue_growth`)."""
     end = float(out.stats[K.STAT_END_TIME])
     measured = df[df.arrival_s >= warmup]
     done = measured[measured.status == "done"]
@@ -130,15 +134,7 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     t0 = warmup if warmup > 0 else float(df.arrival_s.min()) if len(df) else 0.0
     t1 = float(done.finish_s.max()) if len(done) else end
     window = max(t1 - t0, 1e-12)
-    in_tok = float(done.prompt_tokens.sum())
-    out_tok = float(done.output_tokens.sum())
-    thr = {
-        "requests_per_s": len(done) / window,
-        "input_tokens_per_s": in_tok / window,
-        "output_tokens_per_s": out_tok / window,
-        "output_tokens_per_s_per_gpu": out_tok / window / n_gpus,
-        "total_tokens_per_s": (in_tok + out_tok) / window,
-    }
+    thr = _throughput(done, window, n_gpus)
     usd_h = usd_per_gpu_hour * n_gpus
     def per_million(tok_s):
         return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
@@ -146,9 +142,7 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
             "usd_per_million_input_tokens": per_million(thr["input_tokens_per_s"]),
             "usd_per_million_output_tokens": per_million(thr["output_tokens_per_s"]),
             "usd_per_million_total_tokens": per_million(thr["total_tokens_per_s"])}
-    gaps_done = done[done.output_tokens > 1]
-    n_gaps = float((gaps_done.output_tokens - 1).sum())
-    itl_mean = float((gaps_done.finish_s - gaps_done.first_token_s).sum() / n_gaps) if n_gaps else float("nan")
+    itl_mean = _itl_mean(done)
     s = out.stats
     span = max(end, 1e-12)
     util = {
@@ -164,27 +158,18 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     time_share = {k: (s[i] / busy_total if busy_total > 0 else 0.0) for k, i in
                   (("gemm", K.STAT_GEMM), ("attention", K.STAT_ATTN), ("elementwise", K.STAT_ELEM),
                    ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
-    # saturation: over the second half of the arrival window, completions fall behind arrivals.
-    # In a stable system departures in a window match arrivals in it (up to the change in the
-    # number in system, small against the window); above capacity they stay at the service rate.
     arrivals_in = np.sort(measured.arrival_s.to_numpy())
-    n_arr = arrivals_in.size
-    last_arr = float(arrivals_in[-1]) if n_arr else 0.0
-    t_mid = float(arrivals_in[n_arr // 2]) if n_arr else 0.0
     finishes = done.finish_s.to_numpy()
-    arr_w = int(n_arr - n_arr // 2)
-    dep_w = int(((finishes > t_mid) & (finishes <= last_arr)).sum())
-    in_system_end = n_arr - int((finishes <= last_arr).sum())
-    growth = in_system_end / n_arr if n_arr else 0.0
     ended_early = bool((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).any())
-    open_loop = offered_rate is not None and last_arr > t_mid
-    # and the queueing delay of the later arrivals grows with their arrival time: above capacity
-    # it grows at lambda/mu - 1 seconds per second; a slope over 0.05 means lambda > 1.05 mu
-    late = done[done.arrival_s > t_mid]
-    slope = 0.0
-    if open_loop and len(late) >= 50 and np.ptp(late.arrival_s.to_numpy()) > 0:
-        slope = float(np.polyfit(late.arrival_s.to_numpy(), late.queue_s.to_numpy(), 1)[0])
-    saturated = ended_early or (open_loop and arr_w >= 50 and (dep_w < 0.9 * arr_w or slope > 0.05))
+    if stages is None:
+        growth, saturated = _queue_growth(arrivals_in, arrivals_in, done, finishes, offered_rate is not None)
+        stage_list = None
+    else:
+        stage_list = _stages(stages, df, measured, done, arrivals_in, finishes, slo, warmup, n_gpus)
+        decisive = next((st for st in stage_list if st["saturated"]), stage_list[-1])
+        growth = {"stage": decisive["stage"], **decisive["queue_growth"]}
+        saturated = any(st["saturated"] for st in stage_list)
+    saturated = ended_early or saturated
     metrics = {
         "ttft_ms": describe(done.ttft_s.to_numpy()),
         "tpot_ms": describe(done.tpot_s.to_numpy()),
@@ -195,13 +180,11 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     slo_report, attainment, goodput = evaluate_slo(slo, metrics, done, window)
     return {
         "num_requests": int(len(df)),
-        "num_measured": int(n_arr),
+        "num_measured": int(arrivals_in.size),
         "num_completed": int((df.status == "done").sum()),
         "num_rejected": int((df.status == "rejected").sum()),
         "saturated": bool(saturated),
-        "queue_growth": {"in_system_at_last_arrival": int(in_system_end), "fraction_of_arrivals": growth,
-                         "late_window_departures_per_arrival": dep_w / arr_w if arr_w else None,
-                         "queue_delay_slope": slope},
+        "queue_growth": growth,
         "duration_s": end,
         **metrics,
         "throughput": thr,
@@ -213,7 +196,88 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "slo": slo_report,
         "slo_attainment": attainment,
         "goodput_requests_per_s": goodput,
+    } | ({} if stage_list is None else {"stages": stage_list})
+
+
+def _throughput(done: pd.DataFrame, window: float, n_gpus: int) -> dict:
+    in_tok = float(done.prompt_tokens.sum())
+    out_tok = float(done.output_tokens.sum())
+    return {
+        "requests_per_s": len(done) / window,
+        "input_tokens_per_s": in_tok / window,
+        "output_tokens_per_s": out_tok / window,
+        "output_tokens_per_s_per_gpu": out_tok / window / n_gpus,
+        "total_tokens_per_s": (in_tok + out_tok) / window,
     }
+
+
+def _itl_mean(done: pd.DataFrame) -> float:
+    """Mean inter-token gap over every gap of the completed requests, sum(finish - first) / sum(out - 1)."""
+    gaps_done = done[done.output_tokens > 1]
+    n_gaps = float((gaps_done.output_tokens - 1).sum())
+    return float((gaps_done.finish_s - gaps_done.first_token_s).sum() / n_gaps) if n_gaps else float("nan")
+
+
+def _queue_growth(arrivals_all: np.ndarray, arrivals_in: np.ndarray, done: pd.DataFrame, finishes: np.ndarray,
+                  open_loop: bool) -> tuple[dict, bool]:
+    """Saturation evidence over the second half of `arrivals_in` (sorted arrival times: the whole run,
+    or one stage); `arrivals_all` (sorted) and `finishes` (of completed requests) are the whole run's.
+
+    In a stable system departures in a window match arrivals in it (up to the change in the number in
+    system, small against the window); above capacity they stay at the service rate. And the queueing
+    delay of the later arrivals grows with their arrival time: above capacity it grows at
+    lambda/mu - 1 seconds per second; a slope over 0.05 means lambda > 1.05 mu."""
+    n_arr = arrivals_in.size
+    last_arr = float(arrivals_in[-1]) if n_arr else 0.0
+    t_mid = float(arrivals_in[n_arr // 2]) if n_arr else 0.0
+    arr_w = int(n_arr - n_arr // 2)
+    dep_w = int(((finishes > t_mid) & (finishes <= last_arr)).sum())
+    arrived = int(np.searchsorted(arrivals_all, last_arr, side="right")) if n_arr else 0
+    in_system_end = arrived - int((finishes <= last_arr).sum())
+    growth = in_system_end / arrived if arrived else 0.0
+    open_loop = open_loop and last_arr > t_mid
+    late = done[(done.arrival_s > t_mid) & (done.arrival_s <= last_arr)]
+    slope = 0.0
+    if open_loop and len(late) >= 50 and np.ptp(late.arrival_s.to_numpy()) > 0:
+        slope = float(np.polyfit(late.arrival_s.to_numpy(), late.queue_s.to_numpy(), 1)[0])
+    saturated = open_loop and arr_w >= 50 and (dep_w < 0.9 * arr_w or slope > 0.05)
+    return ({"in_system_at_last_arrival": int(in_system_end), "fraction_of_arrivals": growth,
+             "late_window_departures_per_arrival": dep_w / arr_w if arr_w else None,
+             "queue_delay_slope": slope}, bool(saturated))
+
+
+def _stages(stages, df, measured, done, arrivals_all, finishes, slo, warmup, n_gpus) -> list[dict]:
+    """One entry per stage, over the requests arriving in it (stage k: [T_k, T_k + duration_k))."""
+    durations = np.array([d for _, d in stages], dtype=np.float64)
+    starts = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
+
+    def stage_of(frame):
+        k = np.searchsorted(starts, frame.arrival_s.to_numpy(), side="right") - 1
+        return np.clip(k, 0, len(stages) - 1)
+
+    k_all, k_meas, k_done = stage_of(df), stage_of(measured), stage_of(done)
+    out = []
+    for k, (rate, dur) in enumerate(stages):
+        start = float(starts[k])
+        d = done[k_done == k]
+        arr_k = np.sort(measured.arrival_s.to_numpy()[k_meas == k])
+        growth, saturated = _queue_growth(arrivals_all, arr_k, done, finishes, True)
+        t0 = max(start, warmup)
+        t1 = float(d.finish_s.max()) if len(d) else start + float(dur)
+        window = max(t1 - t0, 1e-12)
+        itl = {"mean": _itl_mean(d) * 1e3} | {f"p{p}": None for p in PCTS}
+        lat = {"ttft_ms": describe(d.ttft_s.to_numpy()), "tpot_ms": describe(d.tpot_s.to_numpy()), "itl_ms": itl,
+               "e2e_ms": describe(d.e2e_s.to_numpy()), "queue_ms": describe(d.queue_s.to_numpy())}
+        slo_report, attainment, goodput = evaluate_slo(slo, lat, d, window)
+        for v in slo_report.values():  # ITL percentiles are whole-run only (one gap histogram)
+            if v["value_ms"] is None:
+                v["met"] = None
+        out.append({"stage": k, "rate": float(rate), "start_s": start, "duration_s": float(dur),
+                    "num_requests": int((k_all == k).sum()), "num_measured": int(arr_k.size),
+                    "num_completed": int(len(d)), "saturated": saturated, "queue_growth": growth, **lat,
+                    "throughput": _throughput(d, window, n_gpus), "slo": slo_report,
+                    "slo_attainment": attainment, "goodput_requests_per_s": goodput})
+    return out
 
 
 def evaluate_slo(slo: dict, metrics: dict, done: pd.DataFrame, window: float):

@@ -6,16 +6,53 @@ def _f(v, fmt="{:.1f}"):
     return "-" if v is None else fmt.format(v)
 
 
+def _load(s: dict, c: dict) -> str:
+    """What arrived: offline, closed loop, stages, a replayed or rescaled trace, or a rate."""
+    n = f", {s['num_requests']} requests"
+    tr = c.get("trace")
+    if c["offline"]:
+        return "offline (all at t=0)" + n
+    if c["concurrency"]:
+        return f"closed loop, {c['concurrency']} clients" + n
+    if c.get("stages"):
+        parts = ", ".join(f"{r:g} req/s x {d:g} s" for r, d in c["stages"])
+        return f"{c['arrival']} arrivals in {len(c['stages'])} stage(s): {parts}" + n
+    if tr and tr["mode"] == "replay":
+        rate = "-" if c["rate"] is None else f"{c['rate']:.3g}"
+        return (f"replay of trace {tr['file']}: {tr['num_requests']} requests over {tr['span_s']:.1f} s, "
+                f"mean rate {rate} req/s")
+    if tr:
+        return f"trace {tr['file']} rescaled to {c['rate']:.3g} req/s" + n
+    return f"{c['arrival']} arrivals at {c['rate']:.3g} req/s" + n
+
+
+def _workload(c: dict) -> str:
+    if not c.get("system_prompt_len"):
+        return f"workload {c['workload']}"
+    return (f"workload {c['workload']} with {c['num_system_prompts']} shared system prompts of "
+            f"{c['system_prompt_len']} tokens x {c['users_per_system_prompt']} users")
+
+
+def _stage_lines(stages: list) -> list[str]:
+    lines = ["", f"{'stage':<7}{'req/s':>7}{'window (s)':>14}{'requests':>10}{'E2E mean/p90/p99 (ms)':>26}"
+                 f"{'TTFT mean/p90/p99 (ms)':>26}  status"]
+    for st in stages:
+        e, t = st["e2e_ms"], st["ttft_ms"]
+        window = f"{st['start_s']:g}-{st['start_s'] + st['duration_s']:g}"
+        lines.append(f"{st['stage']:<7}{st['rate']:>7.3g}{window:>14}{st['num_requests']:>10}"
+                     + f"{' / '.join(_f(e[k], '{:.0f}') for k in ('mean', 'p90', 'p99')):>26}"
+                     + f"{' / '.join(_f(t[k]) for k in ('mean', 'p90', 'p99')):>26}"
+                     + f"  {'SATURATED' if st['saturated'] else 'stable'}")
+    return lines
+
+
 def summary_table(s: dict) -> str:
     c = s["config"]
     lines = [
         f"servesim  {c['model']} ({c['dtype']}) on {c['num_gpus']} x {c['hardware']}: {c['replicas']} replica(s) "
         f"of TP={c['tp']} PP={c['pp']}, "
-        f"engine {c['engine']}/{c['scheduler']}, workload {c['workload']}",
-        "load      " + ("offline (all at t=0)" if c["offline"] else
-                         f"closed loop, {c['concurrency']} clients" if c["concurrency"] else
-                         f"{c['arrival']} arrivals at {c['rate']:.3g} req/s")
-        + f", {s['num_requests']} requests, seed {c['seed']}",
+        f"engine {c['engine']}/{c['scheduler']}, {_workload(c)}",
+        "load      " + _load(s, c) + f", seed {c['seed']}",
         f"status    {s['num_completed']} completed, {s['num_rejected']} rejected, "
         f"{'SATURATED' if s['saturated'] else 'stable'}, simulated {s['duration_s']:.1f} s, "
         f"{s['iterations']} iterations, {s['preemptions']} preemptions",
@@ -26,6 +63,8 @@ def summary_table(s: dict) -> str:
                        ("queue_ms", "queueing")):
         d = s[key]
         lines.append(f"{label:<14}" + "".join(f"{_f(d.get(k)):>10}" for k in ("mean", "p50", "p90", "p95", "p99")))
+    if s.get("stages"):
+        lines += _stage_lines(s["stages"])
     t, u, cost = s["throughput"], s["utilization"], s["cost"]
     lines += [
         "",

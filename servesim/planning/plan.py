@@ -67,10 +67,12 @@ class PlanResult:
 # ---------------------------------------------------------------- bounds
 def _lengths(base):
     from ..config import load_model
-    from ..workload import build_requests, load_workload
+    from ..workload import DEFAULT_NUM_REQUESTS, build_requests, load_workload, with_shared_prefix
     model = load_model(base.model)
-    reqs = build_requests(load_workload(base.workload), min(base.num_requests, 4000), base.seed, rate=1.0,
-                          isl=base.isl, osl=base.osl, max_len=model.max_context)
+    workload = with_shared_prefix(load_workload(base.workload), base.num_system_prompts,
+                                  base.users_per_system_prompt, base.system_prompt_len)
+    reqs = build_requests(workload, min(base.num_requests or DEFAULT_NUM_REQUESTS, 4000), base.seed, rate=1.0,
+                          isl=base.isl, osl=base.osl, max_len=model.max_context, question_len=base.question_len)
     return np.asarray(reqs.prompt, float), np.asarray(reqs.output, float)
 
 

@@ -6,16 +6,21 @@ Conventions shared by every process:
 - `rate` is the long-run mean rate in requests per second; `rate = inf` sends every request at
   `start` (the "all at once" load of trtllm-bench and vLLM's benchmark with `--request-rate inf`);
 - all randomness comes from the `numpy.random.Generator` passed in.
+
+`stage_arrivals` builds an open-loop load in stages (rate x duration each, as benchmark clients run
+it) from the same processes; `parse_stages` reads the `--stages 5x600s,10x600s` text.
 """
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
 from servesim.errors import ConfigError
 
 PROCESSES = ("poisson", "gamma", "deterministic", "bursty", "daily")
+DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
@@ -146,6 +151,96 @@ def daily_multipliers(curve) -> np.ndarray:
     if not np.all(np.isfinite(m)) or np.any(m < 0) or m.sum() <= 0:
         raise ConfigError("daily curve values must be finite and >= 0 with at least one > 0")
     return m / m.mean()
+
+
+# --------------------------------------------------------------------------- load in stages
+
+_NUMBER = r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+_STAGE_RE = re.compile(rf"^({_NUMBER})\s*[xX]\s*({_NUMBER})\s*({'|'.join(DURATION_UNITS)})?$")
+_STAGE_EXAMPLE = "e.g. --stages 5x600s,10x10min"
+_STAGE_HINT = f"write RATExDURATION per stage (req/s x s, ms, min or h), {_STAGE_EXAMPLE}"
+
+
+def parse_stages(stages, option: str = "--stages") -> tuple[tuple[float, float], ...] | None:
+    """'5x600s,10x600s' (or ';' between stages) -> ((5.0, 600.0), (10.0, 600.0)): (req/s, seconds).
+
+    Also takes a sequence of (rate, duration_s) pairs (the parsed form, so parsing twice is harmless);
+    None stays None. Every rate and duration must be finite and > 0."""
+    if stages is None:
+        return None
+    if isinstance(stages, str):
+        text = stages.strip()
+        if not text:
+            raise ConfigError(f"{option}: empty stage list; {_STAGE_HINT}")
+        pairs = []
+        for part in re.split(r"[,;]", text):
+            part = part.strip()
+            m = _STAGE_RE.match(part)
+            if not m:
+                what = "an empty stage" if not part else f"stage {part!r} is not RATExDURATION"
+                raise ConfigError(f"{option} {stages!r}: {what}; {_STAGE_HINT}")
+            pairs.append((float(m.group(1)), float(m.group(2)) * DURATION_UNITS[m.group(3) or "s"]))
+    else:
+        try:
+            pairs = [(float(r), float(d)) for r, d in stages]
+        except (TypeError, ValueError):
+            raise ConfigError(f"{option} {stages!r}: not a list of (rate, duration_s) pairs; {_STAGE_HINT}") from None
+        if not pairs:
+            raise ConfigError(f"{option}: empty stage list; {_STAGE_HINT}")
+    for i, (r, d) in enumerate(pairs):
+        if not (math.isfinite(r) and r > 0):
+            raise ConfigError(f"{option} {stages!r}: stage {i} rate {r:g} req/s is not valid; "
+                              f"use a finite rate > 0 req/s, {_STAGE_EXAMPLE}")
+        if not (math.isfinite(d) and d > 0):
+            raise ConfigError(f"{option} {stages!r}: stage {i} duration {d:g} s is not valid; "
+                              f"use a finite duration > 0, {_STAGE_EXAMPLE}")
+    return tuple(pairs)
+
+
+def stage_bounds(stages) -> np.ndarray:
+    """Start times of the stages and the end of the last: [T_0 = 0, T_1, ..., T_k] seconds."""
+    return np.concatenate(([0.0], np.cumsum([d for _, d in stages], dtype=np.float64)))
+
+
+def stage_arrivals(stages, seed, process: str = "poisson", cv: float = 1.0, daily_curve=None) -> np.ndarray:
+    """Arrival times (seconds, non-decreasing) of an open-loop load in stages.
+
+    Stage k sends at `rate_k` during [T_k, T_k + duration_k), T_k the sum of the earlier durations;
+    the process restarts at each stage start and only arrivals inside the window are kept, so the
+    number of requests is what the windows receive (Poisson: Poisson(rate_k x duration_k) per stage).
+    The first arrival of a stage is one gap after its start (so a Poisson stage is exactly a Poisson
+    process on its window), except `deterministic`: T_k + i / rate_k, i = 0, 1, ... (ceil(rate x
+    duration) arrivals). `daily` uses the absolute time of day (t = 0 is midnight).
+
+    `seed` is a `numpy.random.SeedSequence` (or an int); stage k draws from its k-th child, so a stage's
+    arrivals depend only on the seed, its index and its own rate and window."""
+    stages = parse_stages(stages)
+    if process not in PROCESSES:
+        raise ConfigError(f"arrival process {process!r} unknown; use one of {', '.join(PROCESSES)}")
+    seq = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(int(seed))
+    bounds = stage_bounds(stages)
+    peak = 1.0
+    if process == "daily":
+        peak = float(daily_multipliers(DIURNAL_CURVE if daily_curve is None else daily_curve).max())
+    out = []
+    for k, ((rate, dur), start) in enumerate(zip(stages, bounds[:-1])):
+        child = np.random.SeedSequence(seq.entropy, spawn_key=tuple(seq.spawn_key) + (k,))  # seq.spawn, unmutated
+        end = start + dur
+        if process == "deterministic":
+            n = max(int(math.ceil(rate * dur - 1e-9)), 1)
+            t = start + np.arange(n, dtype=np.float64) / rate
+            out.append(t[t < end])
+            continue
+        expected = rate * dur * peak
+        n = int(expected + 10.0 * math.sqrt(expected) + 16)
+        while True:  # draw until the stream passes the window's end; same seed -> same draws
+            t = arrival_times(n + 1, rate, np.random.default_rng(child), process=process, cv=cv,
+                              daily_curve=daily_curve, start=start)[1:]
+            if t[-1] >= end:
+                break
+            n *= 2
+        out.append(t[t < end])
+    return np.ascontiguousarray(np.concatenate(out), dtype=np.float64)
 
 
 def _rate(rate) -> float:

@@ -1,19 +1,20 @@
 """Named workloads (workloads/*.toml) and turning a workload into request arrays.
 
 A workload is a prompt-length distribution, an output-length distribution, an optional trace (for
-replay) and a default request rate. `load_workload` reads one; `build_requests` draws `n` requests
-from it as a `Requests` bundle of NumPy arrays, the form the engine takes.
+replay), an optional shared prefix (system prompts shared by groups of users) and a default request
+rate. `load_workload` reads one; `build_requests` draws `n` requests from it as a `Requests` bundle of
+NumPy arrays, the form the engine takes.
 
 Randomness: `build_requests` derives independent child streams from `numpy.random.SeedSequence(seed)`
-(the seeding `numpy.random.default_rng(seed)` uses) for arrivals, prompts, outputs and joint
-(prompt, output) draws, so changing the rate or the arrival process never changes the lengths, and
-overriding one length never changes the other.
+(the seeding `numpy.random.default_rng(seed)` uses) for arrivals, prompts, outputs, joint
+(prompt, output) draws and the user of each request, so changing the rate, the arrival process or
+the stages never changes the lengths, and overriding one length never changes the other.
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from servesim.errors import ConfigError
 from servesim.paths import traces_dir, workloads_dir
-from servesim.workload.arrivals import DIURNAL_CURVE, arrival_times
+from servesim.workload.arrivals import DIURNAL_CURVE, arrival_times, parse_stages, stage_arrivals
 from servesim.workload.lengths import KINDS, LengthSpec, clip_lengths, sample_lengths
 from servesim.workload.traces import Trace, read_trace
 
@@ -31,6 +32,17 @@ except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
 TRACE_MODES = ("lengths", "replay", "scale")
+DEFAULT_NUM_REQUESTS = 2000  # synthetic workloads, when no number is given
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """`num_system_prompts` system prompts of `system_prompt_len` tokens, each shared by
+    `users_per_system_prompt` users (N x M users in all). A request's prompt is its user's system
+    prompt followed by a question (the workload's prompt lengths, or a fixed `--question-len`)."""
+    num_system_prompts: int
+    users_per_system_prompt: int
+    system_prompt_len: int
 
 
 @dataclass(frozen=True)
@@ -42,18 +54,24 @@ class WorkloadSpec:
     output: LengthSpec
     trace: Trace | None      # kept for replay/scale, and for joint (prompt, output) sampling
     default_rate: float      # requests/s when no rate is given
+    shared_prefix: SharedPrefix | None = None  # with it, `prompt` is the question after the system prompt
 
 
 class Requests(NamedTuple):
-    arrival: np.ndarray  # float64 seconds, non-decreasing
-    prompt: np.ndarray   # int64 prompt tokens
-    output: np.ndarray   # int64 output tokens
+    arrival: np.ndarray       # float64 seconds, non-decreasing
+    prompt: np.ndarray        # int64 prompt tokens (shared prefix included)
+    output: np.ndarray        # int64 output tokens
+    prefix_group: np.ndarray  # int64 shared-prefix group (system prompt) of the request, -1: none
+    prefix_len: np.ndarray    # int64 tokens of the prompt shared with its group, 0: none (< prompt)
 
 
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {"name": True, "description": True, "source": True, "default_rate": True,
-             "prompt": True, "output": True}  # key -> required
+             "prompt": True, "output": True, "shared_prefix": False}  # key -> required
+_SHARED_KEYS = {"num_system_prompts": True, "users_per_system_prompt": False, "system_prompt_len": True}
+_SHARED_OPTIONS = {"num_system_prompts": "--num-system-prompts", "users_per_system_prompt": "--users-per-system-prompt",
+                   "system_prompt_len": "--system-prompt-len"}
 _KIND_KEYS = {
     "fixed": ("value",),
     "uniform": ("low", "high"),
@@ -144,9 +162,60 @@ def _from_toml(p: Path) -> WorkloadSpec:
             raise ConfigError(f"{where(None, section)}: {section} must be a table ([{section}])")
         specs[section], used[section] = _length_spec(p, section, table, traces, where)
     same = used["prompt"] is not None and used["prompt"] == used["output"]
+    shared = _shared_prefix_table(data["shared_prefix"], where) if "shared_prefix" in data else None
     return WorkloadSpec(name=data["name"], description=data["description"], source=data["source"],
                         prompt=specs["prompt"], output=specs["output"],
-                        trace=traces[used["prompt"]] if same else None, default_rate=float(rate))
+                        trace=traces[used["prompt"]] if same else None, default_rate=float(rate),
+                        shared_prefix=shared)
+
+
+def _shared_prefix_table(table, where) -> SharedPrefix:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where(None, 'shared_prefix')}: shared_prefix must be a table ([shared_prefix])")
+    for key in table:
+        if key not in _SHARED_KEYS:
+            raise ConfigError(f"{where('shared_prefix', key)}: [shared_prefix] unknown key {key!r}; "
+                              f"allowed: {', '.join(_SHARED_KEYS)}")
+    for key, required in _SHARED_KEYS.items():
+        if required and key not in table:
+            raise ConfigError(f"{where('shared_prefix', 'shared_prefix')}: [shared_prefix] missing key {key!r}; "
+                              f"it needs {', '.join(k for k, r in _SHARED_KEYS.items() if r)}")
+    values = {}
+    for key in _SHARED_KEYS:
+        v = table.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where('shared_prefix', key)}: [shared_prefix] {key} = {v!r}; use an integer >= 1")
+        values[key] = v
+    return SharedPrefix(**values)
+
+
+def with_shared_prefix(spec: WorkloadSpec, num_system_prompts=None, users_per_system_prompt=None,
+                       system_prompt_len=None) -> WorkloadSpec:
+    """`spec` with its shared prefix set or overridden by the CLI options (None: keep the workload's).
+
+    Without a `[shared_prefix]` in the workload, `--num-system-prompts` and `--system-prompt-len` are
+    both needed (`--users-per-system-prompt` defaults to 1); the workload's prompt lengths become the
+    question lengths."""
+    given = {"num_system_prompts": num_system_prompts, "users_per_system_prompt": users_per_system_prompt,
+             "system_prompt_len": system_prompt_len}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return spec
+    for key, v in given.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            unit = " tokens" if key == "system_prompt_len" else ""
+            raise ConfigError(f"{_SHARED_OPTIONS[key]} {v!r} is not valid; use an integer >= 1{unit}")
+    base = spec.shared_prefix
+    if base is None:
+        missing = [_SHARED_OPTIONS[k] for k in ("num_system_prompts", "system_prompt_len") if k not in given]
+        if missing:
+            named = ", ".join(f"{_SHARED_OPTIONS[k]} {v}" for k, v in given.items())
+            raise ConfigError(f"{named}: a shared prefix also needs {' and '.join(missing)} (workload "
+                              f"{spec.name!r} has no [shared_prefix]); e.g. --num-system-prompts 9 "
+                              "--users-per-system-prompt 5 --system-prompt-len 100")
+        base = SharedPrefix(0, 1, 0)
+    merged = SharedPrefix(**{k: int(given.get(k, getattr(base, k))) for k in _SHARED_KEYS})
+    return replace(spec, shared_prefix=merged)
 
 
 def _length_spec(p: Path, section: str, table: dict, traces: dict, where) -> tuple[LengthSpec, Path | None]:
@@ -221,15 +290,21 @@ def _line_of(text: str, section: str | None, key: str) -> int | None:
 
 # --------------------------------------------------------------------------- building
 
-def build_requests(spec: WorkloadSpec, n: int, seed: int, *, rate=None, process="poisson", cv=1.0,
+def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, process="poisson", cv=1.0,
                    offline=False, isl=None, osl=None, trace_mode="lengths", daily_curve=None,
-                   max_len=None) -> Requests:
+                   max_len=None, stages=None, question_len=None) -> Requests:
     """Draw `n` requests from `spec`.
 
+    n           number of requests; None: every row of the trace for `replay`/`scale`, the arrivals
+                inside the windows with `stages`, otherwise DEFAULT_NUM_REQUESTS (2000)
     rate        requests/s (default `spec.default_rate`); used by `lengths` and `scale`
     process     arrival process, see `arrival_times` (poisson, gamma, deterministic, bursty, daily)
     offline     every request arrives at t = 0
-    isl, osl    fixed prompt / output lengths overriding the workload's
+    stages      open-loop load in stages, '5x600s,10x600s' or ((rate, duration_s), ...): `process`
+                at each stage's rate inside its window (see `stage_arrivals`); excludes n and offline
+    isl, osl    fixed prompt / output lengths overriding the workload's (with a shared prefix, isl is
+                the whole prompt: system prompt + question)
+    question_len  fixed question length after the shared system prompt (needs `spec.shared_prefix`)
     trace_mode  lengths: sample lengths from the workload (from a trace, prompt and output are drawn
                          together as rows, keeping their correlation); arrivals from `process`
                 replay:  the trace's first n rows as they are, with the trace's arrival times
@@ -237,27 +312,46 @@ def build_requests(spec: WorkloadSpec, n: int, seed: int, *, rate=None, process=
                          (n - 1) / span equals `rate`
     max_len     model context: where prompt + output > max_len the prompt is cut first (down to 1
                 token), then the output
+
+    With `spec.shared_prefix` (N system prompts of L tokens, M users each) every request is sent by
+    one of the N x M users, drawn uniformly at random from its own stream; its prompt is L tokens of
+    its group's system prompt plus the question, `prefix_group` = user // M and `prefix_len` = L.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
         raise ConfigError(f"--num-requests {n!r} is not valid; use an integer >= 1")
-    n = int(n)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"--seed {seed!r} is not valid; use an integer >= 0")
     if trace_mode not in TRACE_MODES:
         raise ConfigError(f"--trace-mode {trace_mode!r} unknown; use one of {', '.join(TRACE_MODES)}")
     rate = spec.default_rate if rate is None else rate
+    arr_ss, prompt_ss, output_ss, joint_ss, user_ss = np.random.SeedSequence(int(seed)).spawn(5)
     arr_rng, prompt_rng, output_rng, joint_rng = (np.random.default_rng(s)
-                                                  for s in np.random.SeedSequence(int(seed)).spawn(4))
+                                                  for s in (arr_ss, prompt_ss, output_ss, joint_ss))
+    curve = DIURNAL_CURVE if daily_curve is None else daily_curve
 
-    if trace_mode == "lengths":
+    if stages is not None:
+        stages = parse_stages(stages)
+        for bad, given in (("--num-requests", n is not None), ("--offline", offline),
+                           (f"--trace-mode {trace_mode}", trace_mode != "lengths")):
+            if given:
+                raise ConfigError(f"--stages and {bad} contradict: the stages define the arrivals and the "
+                                  f"number of requests; drop {bad.split()[0]}")
+        arrival = stage_arrivals(stages, arr_ss, process=process, cv=cv, daily_curve=curve)
+        n = int(arrival.size)
+        if n == 0:
+            raise ConfigError(f"--stages {_show_stages(stages)}: no request arrives in any stage; "
+                              "use higher rates or longer stages")
+        prompt, output = _sample_pair(spec, n, prompt_rng, output_rng, joint_rng)
+    elif trace_mode == "lengths":
+        n = DEFAULT_NUM_REQUESTS if n is None else int(n)
         prompt, output = _sample_pair(spec, n, prompt_rng, output_rng, joint_rng)
         if offline:
             arrival = np.zeros(n, dtype=np.float64)
         else:
-            curve = DIURNAL_CURVE if daily_curve is None else daily_curve
             arrival = arrival_times(n, rate, arr_rng, process=process, cv=cv, daily_curve=curve)
     else:
         tr = _trace_rows(spec, n, trace_mode)
+        n = len(tr) if n is None else int(n)
         prompt, output = tr.prompt[:n].copy(), tr.output[:n].copy()
         t = tr.arrival_s[:n] - tr.arrival_s[0]
         if offline:
@@ -267,15 +361,50 @@ def build_requests(spec: WorkloadSpec, n: int, seed: int, *, rate=None, process=
         else:
             arrival = _scaled(t, rate, spec.name)
 
-    if isl is not None:
-        prompt = np.full(n, _override("--isl", isl), dtype=np.int64)
+    sp = spec.shared_prefix
+    prefix_group = np.full(n, -1, dtype=np.int64)
+    prefix_len = np.zeros(n, dtype=np.int64)
+    if sp is None:
+        if question_len is not None:
+            raise ConfigError(f"--question-len {question_len!r} needs a shared prefix (--num-system-prompts N "
+                              "--system-prompt-len L, or a workload with [shared_prefix]); for a plain "
+                              "fixed prompt length use --isl")
+        if isl is not None:
+            prompt = np.full(n, _override("--isl", isl), dtype=np.int64)
+    else:
+        L = int(sp.system_prompt_len)
+        if isl is not None and question_len is not None:
+            raise ConfigError(f"--isl {isl!r} and --question-len {question_len!r} contradict: with a shared "
+                              "prefix --isl is the whole prompt (system prompt + question); give one of them")
+        if isl is not None:
+            total = _override("--isl", isl)
+            if total <= L:
+                raise ConfigError(f"--isl {total} is not longer than the shared system prompt "
+                                  f"(--system-prompt-len {L}); a prompt is the system prompt plus a question "
+                                  f"of >= 1 token: use --isl >= {L + 1}, or --question-len Q")
+            prompt = np.full(n, total, dtype=np.int64)
+        else:
+            question = prompt if question_len is None else np.full(n, _override("--question-len", question_len))
+            prompt = L + np.asarray(question, dtype=np.int64)
+        users = np.random.default_rng(user_ss).integers(0, sp.num_system_prompts * sp.users_per_system_prompt,
+                                                        size=n)
+        prefix_group = (users // sp.users_per_system_prompt).astype(np.int64)
+        prefix_len = np.full(n, L, dtype=np.int64)
     if osl is not None:
         output = np.full(n, _override("--osl", osl), dtype=np.int64)
     if max_len is not None:
         prompt, output = clip_to_context(prompt, output, max_len)
+        prefix_len = np.minimum(prefix_len, prompt - 1)  # a cut prompt keeps >= 1 token to prefill
+        prefix_group = np.where(prefix_len > 0, prefix_group, -1)
     return Requests(np.ascontiguousarray(arrival, dtype=np.float64),
                     np.ascontiguousarray(prompt, dtype=np.int64),
-                    np.ascontiguousarray(output, dtype=np.int64))
+                    np.ascontiguousarray(output, dtype=np.int64),
+                    np.ascontiguousarray(prefix_group, dtype=np.int64),
+                    np.ascontiguousarray(prefix_len, dtype=np.int64))
+
+
+def _show_stages(stages) -> str:
+    return ",".join(f"{r:g}x{d:g}s" for r, d in stages)
 
 
 def _paired(spec: WorkloadSpec) -> bool:
@@ -299,7 +428,7 @@ def _trace_rows(spec: WorkloadSpec, n: int, mode: str) -> Trace:
         why = "has no trace" if tr is None else f"has no arrival times in its trace {Path(tr.path).name}"
         raise ConfigError(f"--trace-mode {mode} needs a trace with arrival times, but workload "
                           f"{spec.name!r} {why}; pass a timed trace .csv or use --trace-mode lengths")
-    if n > len(tr):
+    if n is not None and n > len(tr):
         raise ConfigError(f"--num-requests {n} exceeds the {len(tr)} rows of trace {Path(tr.path).name}; "
                           f"use --num-requests <= {len(tr)} or --trace-mode lengths")
     return tr
