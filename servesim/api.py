@@ -10,7 +10,7 @@ import pandas as pd
 
 from .config import load_hardware, load_model
 from .costmodel import Layout, build_replica
-from .engine.presets import get_preset
+from .config.engine import load_engine, with_fit_for
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
 from .metrics import parse_slo, requests_frame, summarize
@@ -38,6 +38,7 @@ class SimConfig:
     gpu_memory_utilization: float | None = None
     preemption: str | None = None
     iteration_overhead_us: float | None = None
+    num_gpu_blocks: int | None = None            # KV blocks per replica (None: from the memory model)
     workload: str = "chat"
     isl: int | None = None
     osl: int | None = None
@@ -91,16 +92,21 @@ def _clean(obj):
 
 def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]:
     """Fill preset defaults; load model, hardware (unless a profile object is given) and workload."""
-    preset = get_preset(cfg.engine)
+    d = load_engine(cfg.engine).scheduler
+
+    def pick(value, default):
+        return default if value is None else value
+    scheduler = pick(cfg.scheduler, d.policy)
+    budget = pick(cfg.max_num_batched_tokens, d.max_num_batched_tokens)
     filled = replace(
         cfg,
-        scheduler=cfg.scheduler or preset.scheduler,
-        max_num_seqs=cfg.max_num_seqs or preset.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens or preset.max_num_batched_tokens,
-        chunk_size=cfg.chunk_size or (512 if (cfg.scheduler or preset.scheduler) == "sarathi" else preset.chunk_size),
-        block_size=cfg.block_size or preset.block_size,
-        gpu_memory_utilization=cfg.gpu_memory_utilization or preset.gpu_memory_utilization,
-        preemption=cfg.preemption or preset.preemption,
+        scheduler=scheduler,
+        max_num_seqs=pick(cfg.max_num_seqs, d.max_num_seqs),
+        max_num_batched_tokens=budget,
+        chunk_size=pick(cfg.chunk_size, 512 if scheduler == "sarathi" else budget),
+        block_size=pick(cfg.block_size, d.block_size),
+        gpu_memory_utilization=pick(cfg.gpu_memory_utilization, d.gpu_memory_utilization),
+        preemption=pick(cfg.preemption, d.preemption),
     )
     if not 0.0 < filled.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {filled.gpu_memory_utilization}")
@@ -111,9 +117,6 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
         _check_stages(cfg)
     model = load_model(filled.model)
     hw = hw if hw is not None else load_hardware(filled.hardware)
-    if filled.iteration_overhead_us is not None:
-        from .config.hardware import with_efficiency
-        hw = with_efficiency(hw, iteration_overhead_s=filled.iteration_overhead_us * 1e-6)
     workload = with_shared_prefix(load_workload(filled.workload), filled.num_system_prompts,
                                   filled.users_per_system_prompt, filled.system_prompt_len)
     sp = workload.shared_prefix
@@ -152,16 +155,41 @@ def _trace_info(cfg: SimConfig, workload, reqs) -> dict | None:
             "mean_rate": (n - 1) / span if span > 0 else None}
 
 
-def simulate(config: SimConfig | None = None, *, hardware_profile=None, **options) -> Result:
+def _check_blocks(cfg: SimConfig, ecfg, reqs) -> None:
+    """A --num-gpu-blocks too small for the longest request is a user error, not a run of rejections."""
+    if cfg.num_gpu_blocks is None or len(reqs.prompt) == 0:
+        return
+    longest = int(np.max(reqs.prompt + reqs.output))
+    need = -(-longest // ecfg.block_size)
+    if ecfg.num_blocks - ecfg.watermark_blocks < need:
+        raise ConfigError(
+            f"--num-gpu-blocks {cfg.num_gpu_blocks} holds {cfg.num_gpu_blocks * ecfg.block_size} tokens, fewer than "
+            f"the longest request ({longest} tokens = {need} blocks of {ecfg.block_size}); use --num-gpu-blocks "
+            f"{need + ecfg.watermark_blocks} or more")
+
+
+def replica_of(cfg: SimConfig, model, hw, engine=None):
+    """The lowered replica of a resolved config: its engine profile (``engine``: an in-memory profile
+    replacing ``cfg.engine``; ``iteration_overhead_us`` replaces the engine's host time per step),
+    layout, memory and cost bundle."""
+    engine = engine if engine is not None else load_engine(cfg.engine)
+    if cfg.iteration_overhead_us is not None:
+        if not cfg.iteration_overhead_us >= 0:
+            raise ConfigError(f"--iteration-overhead-us must be >= 0, got {cfg.iteration_overhead_us}")
+        engine = with_fit_for(engine, hw, host_step_s=cfg.iteration_overhead_us * 1e-6)
+    layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce)
+    return build_replica(model, hw, layout, cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
+                         max_seqs=cfg.max_num_seqs, engine=engine)
+
+
+def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, **options) -> Result:
     """Run one simulation. `simulate(model="llama-3.1-70b", tp=4, rate=8)` or `simulate(SimConfig(...))`.
 
-    `hardware_profile` replaces the named profile with an in-memory one (used by calibration)."""
+    `hardware_profile` / `engine_profile` replace the named profiles with in-memory ones (used by
+    calibration)."""
     cfg = replace(config or SimConfig(), **options)
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
-    layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce)
-    rc = build_replica(model, hw, layout, cfg.gpu_memory_utilization,
-                       max_tokens=cfg.max_num_batched_tokens, max_seqs=cfg.max_num_seqs,
-                       fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
+    rc = replica_of(cfg, model, hw, engine_profile)
     rate = None
     if cfg.stages is not None:  # time-averaged offered rate
         rate = sum(r * d for r, d in cfg.stages) / sum(d for _, d in cfg.stages)
@@ -181,11 +209,12 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, **option
     opts = EngineOptions(
         scheduler=cfg.scheduler, router=cfg.router, preemption=cfg.preemption, replicas=cfg.replicas,
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-        chunk_size=cfg.chunk_size, block_size=cfg.block_size, watermark=get_preset(cfg.engine).watermark,
+        chunk_size=cfg.chunk_size, block_size=cfg.block_size, watermark=rc.engine.scheduler.watermark,
         concurrency=cfg.concurrency, duration=cfg.duration if cfg.duration else math.inf,
-        warmup_time=cfg.warmup,
+        warmup_time=cfg.warmup, num_gpu_blocks=cfg.num_gpu_blocks,
     )
     ecfg = engine_config(opts, rc)
+    _check_blocks(cfg, ecfg, reqs)
     out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
                      prefix_group=reqs.prefix_group, prefix_len=reqs.prefix_len)
     df = requests_frame(out, reqs.prompt, reqs.output)
@@ -196,7 +225,8 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, **option
                         peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
                         num_blocks=ecfg.num_blocks, offered_rate=rate, stages=cfg.stages)
     config = {k: getattr(cfg, k) for k in (f.name for f in fields(cfg))}
-    config.update({"num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
+    config.update({"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
+                   "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
                    "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
                    "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30, "rate": rate,
                    "duration": cfg.duration, "num_requests": int(reqs.arrival.size), "arrival": arrival,

@@ -22,6 +22,10 @@ def hardware_dir() -> Path:
     return _data_dir("hardware_profiles", "hardware_profiles")
 
 
+def engines_dir() -> Path:
+    return _data_dir("engines", "engines")
+
+
 def workloads_dir() -> Path:
     return _data_dir("workloads", "workloads")
 

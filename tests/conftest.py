@@ -52,15 +52,18 @@ def small_workload():
 
 @pytest.fixture(scope="session")
 def run_both():
-    """run_both(rc, cfg, arrival, prompt, output, seed=0) -> (EngineOutput, reference dict)."""
-    def run(rc, cfg, arrival, prompt, output, seed: int = 0):
+    """run_both(rc, cfg, arrival, prompt, output, seed=0, group=None, hit=None) -> (EngineOutput, reference dict)."""
+    def run(rc, cfg, arrival, prompt, output, seed: int = 0, group=None, hit=None):
         arrival = np.ascontiguousarray(arrival, np.float64)
         if cfg.concurrency > 0:
             arrival = np.zeros_like(arrival)
         prompt = np.ascontiguousarray(prompt, np.int64)
         output = np.ascontiguousarray(output, np.int64)
         u1, u2 = router_draws(prompt.shape[0], seed)
-        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2))
-        ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2)
+        n = prompt.shape[0]
+        group = np.full(n, -1, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
+        hit = np.zeros(n, np.int64) if hit is None else np.ascontiguousarray(hit, np.int64)
+        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit))
+        ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit)
         return out, ref
     return run

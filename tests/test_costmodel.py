@@ -1,6 +1,9 @@
 """Cost model: hand-derived counts, roofline limits, monotonicity, collectives, feasibility."""
 import dataclasses
 import math
+from servesim.config.engine import load_engine
+
+VLLM = load_engine("vllm")
 
 import pytest
 
@@ -132,19 +135,19 @@ def test_weights_do_not_fit_message():
         build_replica(load_model("llama-3.1-70b"), load_hardware("h100-sxm"), Layout(tp=1))
     msg = str(e.value)
     assert "llama-3.1-70b bf16 needs 131.5 GiB" in msg or "needs 131." in msg
-    assert "h100-sxm holds 74.5 GiB" in msg and "--tp 2" in msg
+    assert "h100-sxm holds 79.2 GiB" in msg and "--tp 2" in msg
 
 
 def test_tp_must_divide_heads():
     with pytest.raises(InfeasibleError, match="--tp 3 does not divide the 32 attention heads"):
-        lower(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), Layout(tp=3))
+        lower(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), Layout(tp=3), VLLM)
 
 
 def test_unsupported_dtype():
     with pytest.raises(ConfigError, match="a100-sxm-80gb has no fp8"):
-        lower(load_model("llama-3.1-8b"), load_hardware("a100-sxm-80gb"), Layout(dtype="fp8"))
+        lower(load_model("llama-3.1-8b"), load_hardware("a100-sxm-80gb"), Layout(dtype="fp8"), VLLM)
     with pytest.raises(ConfigError, match="--dtype: unknown value 'fp7'"):
-        lower(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), Layout(dtype="fp7"))
+        lower(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), Layout(dtype="fp7"), VLLM)
 
 
 def test_quantised_weights_are_smaller_and_decode_faster():
@@ -201,23 +204,23 @@ def test_tp_group_beyond_bridge_pairs_runs_over_pcie():
     assert link_for_group(hw, 2)[0] == "scaleup"
     name, bw, alpha = link_for_group(hw, 4)
     assert name == "pcie" and bw == pytest.approx(hw.pcie_bw * e.pcie_bw_fraction) and alpha == e.pcie_latency_s
-    p4 = lower(load_model("llama-3.1-8b"), hw, Layout(tp=4))
+    p4 = lower(load_model("llama-3.1-8b"), hw, Layout(tp=4), VLLM)
     assert p4.tp_bw == pytest.approx(hw.pcie_bw * e.pcie_bw_fraction)
     # the same all-reduce over 64 GB/s PCIe costs more than over the 300 GB/s bridge
-    p2 = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2))
+    p2 = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2), VLLM)
     assert p4.tp_bw < p2.tp_bw
 
 
 def test_pipeline_sends_use_point_to_point_figures():
     hw = load_hardware("h100-sxm")
     e = hw.efficiency
-    p = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2, pp=2))
+    p = lower(load_model("llama-3.1-8b"), hw, Layout(tp=2, pp=2), VLLM)
     assert p.pp_bw == pytest.approx(hw.scaleup_bw * e.p2p_bw_fraction) and p.pp_alpha == e.p2p_latency_s
     assert p.pp_bw_large == pytest.approx(hw.scaleup_bw * e.p2p_large_bw_fraction)
     assert p.pp_large_bytes == e.p2p_large_message_bytes
     assert p.tp_bw == pytest.approx(hw.scaleup_bw * e.scaleup_bw_fraction)
     # a PP group that leaves the node sends over the NIC at one rate (no step)
-    wide = lower(load_model("llama-3.1-8b"), hw, Layout(tp=8, pp=2))
+    wide = lower(load_model("llama-3.1-8b"), hw, Layout(tp=8, pp=2), VLLM)
     assert wide.pp_bw == wide.pp_bw_large == pytest.approx(hw.scaleout_bw * e.scaleout_bw_fraction)
     assert wide.pp_large_bytes == float("inf")
 
@@ -235,6 +238,6 @@ def test_elementwise_bytes_hand_derived():
     e = hw.efficiency
     want = (2 * 16384 / e.norm_hbm_fraction + 32768 / e.rope_hbm_fraction + 66048 / e.activation_hbm_fraction
             + 2 * 24576 / e.hbm_fraction) / hw.hbm_bw
-    p = lower(load_model("llama-2-7b"), hw, Layout())
+    p = lower(load_model("llama-2-7b"), hw, Layout(), VLLM)
     assert p.elem_s_tok_layer == pytest.approx(want) and p.elem_kernels == 6
     assert p.elem_latency == e.elementwise_latency_s

@@ -84,7 +84,8 @@ def test_mg1_pollaczek_khinchine(rc):
         prompt = rng.integers(lo, hi + 1, N).astype(np.int64)
         output = np.ones(N, np.int64)
         u1, u2 = router_draws(N, seed)
-        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2))
+        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2,
+                                        np.full(N, -1, np.int64), np.zeros(N, np.int64)))
         assert (out.status == C.DONE).all()
         service = s_of[prompt - lo]
         np.testing.assert_array_equal(out.finish, out.scheduled + service)

@@ -33,7 +33,7 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 _TOP_KEYS = ("name", "description", "vendor", "efficiency_from", "compute", "memory",
              "interconnect", "power", "price")
 _COMPUTE_KEYS = {p: (f"peak_{p}_TOPS" if p == "int8" else f"peak_{p}_TFLOPS") for p in PRECISIONS}
-_MEMORY_KEYS = ("hbm_capacity_GB", "hbm_bandwidth_GBps")
+_MEMORY_KEYS = ("hbm_capacity_GB", "hbm_bandwidth_GBps", "device_memory_GiB")
 _INTERCONNECT_KEYS = ("scaleup_name", "scaleup_bandwidth_GBps", "scaleup_domain_gpus", "gpus_per_node",
                       "pcie_gen", "pcie_lanes", "pcie_bandwidth_GBps", "scaleout_name",
                       "scaleout_bandwidth_Gbps")
@@ -125,6 +125,7 @@ class HardwareProfile:
     sm_count: int  # units matrix tiles are spread over: SMs (NVIDIA), CUs (AMD), MXUs (TPU)
     hbm_bytes: float
     hbm_bw: float  # bytes/s
+    device_bytes: float  # what the runtime reports as total device memory (the capacity engines plan with)
     scaleup_name: str
     scaleup_bw: float  # bytes/s per direction per GPU (= vendor bidirectional total / 2)
     scaleup_domain: int
@@ -207,6 +208,7 @@ def _load_file(path: Path) -> HardwareProfile:
     memory.expect_keys(_MEMORY_KEYS)
     hbm_bytes = memory.float("hbm_capacity_GB", gt=0.0) * 1e9
     hbm_bw = memory.float("hbm_bandwidth_GBps", gt=0.0) * 1e9
+    device_bytes = memory.float("device_memory_GiB", gt=0.0) * 2.0 ** 30
 
     net = top.table("interconnect")
     net.expect_keys(_INTERCONNECT_KEYS)
@@ -248,7 +250,7 @@ def _load_file(path: Path) -> HardwareProfile:
 
     return HardwareProfile(
         name=name, description=description, vendor=vendor, path=path, peak_flops=peak, sm_count=sm_count,
-        hbm_bytes=hbm_bytes, hbm_bw=hbm_bw, scaleup_name=scaleup_name,
+        hbm_bytes=hbm_bytes, hbm_bw=hbm_bw, device_bytes=device_bytes, scaleup_name=scaleup_name,
         scaleup_bw=scaleup_total * 1e9 / 2.0, scaleup_domain=scaleup_domain,
         gpus_per_node=gpus_per_node, pcie_gen=pcie_gen, pcie_lanes=pcie_lanes, pcie_bw=pcie_bw,
         scaleout_name=scaleout_name, scaleout_bw=scaleout_bw, tdp_w=tdp_w,

@@ -17,6 +17,7 @@ class ReplicaCost:
     layout: Layout
     params: CostParams
     memory: MemoryPlan
+    engine: object
 
     @property
     def num_gpus(self) -> int:
@@ -27,12 +28,17 @@ class ReplicaCost:
 
 
 def build_replica(model, hw, layout: Layout, gpu_memory_utilization: float = 0.9,
-                  max_tokens: int = 8192, max_seqs: int = 256, fraction_of_free: bool = False) -> ReplicaCost:
-    params = lower(model, hw, layout)
+                  max_tokens: int = 8192, max_seqs: int = 256, engine=None) -> ReplicaCost:
+    """Lower one replica: ``engine`` is an engine profile (default: the shipped ``vllm``)."""
+    if engine is None:
+        from ..config.engine import load_engine
+        engine = load_engine("vllm")
+    params = lower(model, hw, layout, engine, max_num_seqs=max_seqs)
     check_weights_fit(model, hw, layout, gpu_memory_utilization)
     mem = plan_memory(model, hw, layout.tp, layout.pp, layout.dtype, kv_dtype_resolved(layout.kv_dtype, layout.dtype),
-                      gpu_memory_utilization, max_tokens, max_seqs, fraction_of_free)
-    return ReplicaCost(model, hw, layout, params, mem)
+                      gpu_memory_utilization, max_tokens, max_seqs, engine.scheduler.memory_fraction_of == "free",
+                      engine.scheduler.non_torch_memory_bytes)
+    return ReplicaCost(model, hw, layout, params, mem, engine)
 
 
 __all__ = ["Batch", "Breakdown", "CostParams", "Layout", "MemoryPlan", "ReplicaCost", "build_replica",

@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from .dtypes import BYTES, activation_bytes
 
 GiB = float(1 << 30)
-# CUDA context, NCCL buffers and CUDA graphs outside the PyTorch allocator: vLLM reports
-# ~0.5-1.5 GiB "non-torch memory" on H100 at start-up (vLLM docs, "Conserving Memory").
-RUNTIME_RESERVE_BYTES = 1.0 * GiB
 
 
 def weight_bytes_per_param(dtype: str) -> float:
@@ -108,18 +105,23 @@ def activation_bytes_per_gpu(model, tp: int, dtype: str, max_tokens: int, max_se
 
 
 def plan_memory(model, hw, tp: int, pp: int, dtype: str, kv_dtype: str, gpu_memory_utilization: float,
-                max_tokens: int, max_seqs: int, fraction_of_free: bool = False) -> MemoryPlan:
-    """KV capacity. vLLM: the fraction is of all HBM (`gpu_memory_utilization`, vLLM docs).
-    TensorRT-LLM (`fraction_of_free`): the fraction is of the memory left after weights and
-    activations are allocated (`kv_cache_free_gpu_mem_fraction`, TensorRT-LLM docs, "KV cache")."""
+                max_tokens: int, max_seqs: int, fraction_of_free: bool = False,
+                non_torch_bytes: float = GiB) -> MemoryPlan:
+    """KV capacity from the memory the device reports (``hw.device_bytes``).
+
+    vLLM: ``gpu_memory_utilization`` x total memory - weights - the activation peak of a profile
+    run - non-torch memory (CUDA context, NCCL, CUDA graphs) (vllm/v1/worker/gpu_worker.py,
+    determine_available_memory). TensorRT-LLM (``fraction_of_free``): the fraction is of the memory
+    left after weights, activations and runtime buffers (``kv_cache_free_gpu_mem_fraction``,
+    TensorRT-LLM docs, "KV cache")."""
     w = weight_bytes_per_gpu(model, tp, pp, dtype)
     kv = kv_bytes_per_token_layer(model, tp, kv_dtype) * layers_per_stage(model, pp)
     act = activation_bytes_per_gpu(model, tp, dtype, max_tokens, max_seqs)
+    total = hw.device_bytes
     if fraction_of_free:
-        usable = w + act + RUNTIME_RESERVE_BYTES + gpu_memory_utilization * max(
-            hw.hbm_bytes - w - act - RUNTIME_RESERVE_BYTES, 0.0)
+        usable = w + act + non_torch_bytes + gpu_memory_utilization * max(total - w - act - non_torch_bytes, 0.0)
     else:
-        usable = hw.hbm_bytes * gpu_memory_utilization
-    free = usable - w - act - RUNTIME_RESERVE_BYTES
+        usable = total * gpu_memory_utilization
+    free = usable - w - act - non_torch_bytes
     cap = int(free // kv) if free > 0 else 0
-    return MemoryPlan(w, kv, act, RUNTIME_RESERVE_BYTES, hw.hbm_bytes, usable, cap)
+    return MemoryPlan(w, kv, act, non_torch_bytes, total, usable, cap)

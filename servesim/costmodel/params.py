@@ -62,8 +62,19 @@ class CostParams(NamedTuple):
     pp_large_bytes: float
     swap_bw: float
     swap_alpha: float
-    overhead: float              # per iteration
-    overhead_seq: float          # per sequence per iteration
+    overhead: float              # host time per engine step (engine profile)
+    overhead_seq: float          # host time per scheduled sequence per step
+    host_overlap: float          # 1: host work overlaps the GPU (the step is the longer of the two)
+    attn_pf_latency: float       # fixed time of one prefill-attention call (engine kernel)
+    attn_dec_latency: float      # fixed time of one decode-attention call
+    ar_custom: float             # 1: the engine's own all-reduce serves this TP group (up to ar_max_bytes)
+    ar_bw: float                 # its achieved bandwidth, B/s
+    ar_alpha: float              # its fixed time, s
+    ar_max_bytes: float
+    graph_mode: float            # GRAPH_* code of the engine's CUDA-graph mode
+    graph_max: float             # largest captured batch, tokens (0: none)
+    launch: float                # CPU time per kernel launched outside a CUDA graph
+    kernels_layer: float         # kernels one layer launches when eager
     active_params_gpu: float     # weights touched per token (for MFU)
     attn_k: np.ndarray           # GEMM shapes per layer, per GPU
     attn_n: np.ndarray
@@ -73,6 +84,15 @@ class CostParams(NamedTuple):
     exp_n: np.ndarray
     sh_k: np.ndarray
     sh_n: np.ndarray
+    graph_sizes: np.ndarray      # captured batch sizes (tokens), increasing
+
+
+GRAPH_NONE = 0
+GRAPH_PIECEWISE = 1
+GRAPH_FULL = 2
+GRAPH_FULL_AND_PIECEWISE = 3
+GRAPH_MODES = {"none": GRAPH_NONE, "piecewise": GRAPH_PIECEWISE, "full": GRAPH_FULL,
+               "full_and_piecewise": GRAPH_FULL_AND_PIECEWISE}
 
 
 def check_layout(model, hw, layout: Layout) -> None:
@@ -97,7 +117,7 @@ def check_layout(model, hw, layout: Layout) -> None:
 
 def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float = 1.0) -> None:
     w = weight_bytes_per_gpu(model, layout.tp, layout.pp, layout.dtype)
-    cap = hw.hbm_bytes * gpu_memory_utilization
+    cap = hw.device_bytes * gpu_memory_utilization
     if w < cap:
         return
     hint = ""
@@ -110,7 +130,7 @@ def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float =
         hint = "; use more pipeline stages (--pp) or a smaller --dtype"
     raise InfeasibleError(
         f"{model.name} {layout.dtype} needs {w / GiB:.1f} GiB of weights per GPU at TP={layout.tp} PP={layout.pp}; "
-        f"{hw.name} holds {hw.hbm_bytes / GiB:.1f} GiB" +
+        f"{hw.name} holds {hw.device_bytes / GiB:.1f} GiB" +
         (f" ({cap / GiB:.1f} GiB at --gpu-memory-utilization {gpu_memory_utilization:g})"
          if gpu_memory_utilization < 1.0 else "") + hint)
 
@@ -119,8 +139,11 @@ def _arr(xs):
     return np.asarray(xs, dtype=np.float64).reshape(-1)
 
 
-def lower(model, hw, layout: Layout) -> CostParams:
+def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256) -> CostParams:
+    """Lower (model, hardware, layout, engine profile) to the plain bundle the jitted cost sees.
+    ``max_num_seqs`` sets the engine's largest captured CUDA-graph batch."""
     check_layout(model, hw, layout)
+    fit = engine.fit_for(hw)
     tp, pp = layout.tp, layout.pp
     eff = hw.efficiency
     kv_dtype = kv_dtype_resolved(layout.kv_dtype, layout.dtype)
@@ -171,12 +194,18 @@ def lower(model, hw, layout: Layout) -> CostParams:
     pp_link = collectives.p2p_link(hw, tp * pp)
     n_moe = float(model.num_moe_layers) if model.moe is not None else 0.0
     active = model.active_param_count() - model.embedding_params()
+    # the engine's own all-reduce runs inside the scale-up domain (vLLM's custom all-reduce needs
+    # fully NVLink-connected GPUs); elsewhere, and above its size limit, NCCL over the group's link
+    custom = engine.allreduce == "custom" and tp > 1 and tp_link[0] == "scaleup"
+    graph_sizes = engine.cuda_graph.capture_sizes(max_num_seqs)
+    gemms_layer = len(attn_k) + len(mlp_k) + (len(exp_k) + len(sh_k) + 1 if model.moe is not None else 0)
+    kernels_layer = gemms_layer + len(elem) + 1 + (2 if tp > 1 else 0)
     return CostParams(
         tp=float(tp), pp=float(pp),
         peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"],
         hbm_bw=hw.hbm_bw, gemm_max=eff.gemm_max, gemm_half=eff.gemm_half_tokens, hbm_frac=eff.hbm_fraction,
-        latency=eff.kernel_latency_s, attn_prefill_max=eff.attn_prefill_max,
-        attn_decode_frac=eff.attn_decode_hbm_fraction,
+        latency=eff.kernel_latency_s, attn_prefill_max=fit.attn_prefill_max,
+        attn_decode_frac=fit.attn_decode_hbm_fraction,
         w_bytes=weight_bytes_per_param(layout.dtype), a_bytes=activation_bytes(layout.dtype), hidden=h,
         n_dense_layers=float(model.num_layers) - n_moe, n_moe_layers=n_moe,
         kv_bytes_tok_layer=kv_bytes_per_token_layer(model, tp, kv_dtype),
@@ -189,8 +218,15 @@ def lower(model, hw, layout: Layout) -> CostParams:
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
         pp_bw=pp_link[1], pp_alpha=pp_link[2], pp_bw_large=pp_link[3], pp_large_bytes=pp_link[4],
         swap_bw=hw.pcie_bw * eff.pcie_bw_fraction, swap_alpha=eff.pcie_latency_s,
-        overhead=eff.iteration_overhead_s, overhead_seq=eff.per_seq_overhead_s,
+        overhead=fit.host_step_s, overhead_seq=fit.host_per_seq_s, host_overlap=float(engine.host_overlap),
+        attn_pf_latency=fit.attn_prefill_latency_s, attn_dec_latency=fit.attn_decode_latency_s,
+        ar_custom=float(custom), ar_bw=hw.scaleup_bw * fit.allreduce_bw_fraction, ar_alpha=fit.allreduce_latency_s,
+        ar_max_bytes=engine.custom_allreduce_max_bytes,
+        graph_mode=float(GRAPH_MODES[engine.cuda_graph.mode]),
+        graph_max=float(graph_sizes[-1]) if graph_sizes.size else 0.0,
+        launch=fit.launch_s, kernels_layer=float(kernels_layer),
         active_params_gpu=active / (tp * pp) * 1.0,
         attn_k=_arr(attn_k), attn_n=_arr(attn_n), mlp_k=_arr(mlp_k), mlp_n=_arr(mlp_n),
         exp_k=_arr(exp_k), exp_n=_arr(exp_n), sh_k=_arr(sh_k), sh_n=_arr(sh_n),
+        graph_sizes=np.ascontiguousarray(graph_sizes, dtype=np.float64),
     )

@@ -1,1 +1,1 @@
-"""The jitted serving engine: event loop, codes, presets."""
+"""The jitted serving engine: event loop, codes, the Python side that feeds it."""

@@ -1,7 +1,7 @@
 """Integer codes shared by the kernel, the reference simulator and the Python side."""
 
 # scheduling policies
-VLLM = 0          # continuous batching, chunked prefill under a token budget, decodes first (vLLM V1)
+VLLM = 0          # continuous batching, chunked prefill under a token budget, running requests in order (vLLM V1)
 VLLM_V0 = 1       # prefill-prioritised; an iteration is either all prefill or all decode (vLLM V0 default)
 SARATHI = 2       # stall-free batching: decodes first, prefill chunks fill a fixed chunk size (Agrawal et al. OSDI 2024)
 ORCA = 3          # iteration-level batching, whole prompts only (Yu et al. OSDI 2022)

@@ -162,7 +162,18 @@ def _pop_front(q_next, q_head, q_tail, r):
 
 
 @njit(cache=True)
-def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
+def _prefix_hit_nb(i, r, status, computed, group, hit, seen):
+    """A waiting request with nothing computed takes its shared prefix from the replica's prefix
+    cache once a request of its group has computed it there (whole blocks only)."""
+    g = group[i]
+    if g >= 0 and computed[i] == 0 and status[i] == C.WAITING and seen[r, g]:
+        computed[i] = hit[i]
+
+
+@njit(cache=True)
+def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
+    """``group``: shared-prefix group of each request (-1: none); ``hit``: prompt tokens a request can
+    take from the prefix cache (its group's prefix in whole blocks, below its prompt length)."""
     n = prompt.shape[0]
     R = cfg.replicas
     PP = cfg.pp
@@ -202,6 +213,11 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
     n_inflight = np.zeros(R, np.int64)
     static_pad_n = np.zeros(R, np.int64)    # finished members still padding a static batch
     static_pad_kv = np.zeros(R, np.int64)
+    n_groups = 1
+    for i in range(n):
+        if group[i] + 1 > n_groups:
+            n_groups = group[i] + 1
+    seen = np.zeros((R, n_groups), np.bool_)   # prefix of the group computed on the replica
 
     # outputs
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
@@ -269,6 +285,8 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                 c = mb_chunk[r, s, j]
                 inflight[i] = False
                 computed[i] += c
+                if group[i] >= 0 and hit[i] > 0 and computed[i] >= hit[i]:
+                    seen[r, group[i]] = True
                 if computed[i] == prompt[i] + generated[i]:
                     generated[i] += 1
                     if generated[i] == 1:
@@ -367,11 +385,13 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                 decode_only = True
                 if n_waiting[r] > 0 and n_run[r] < B:
                     i = q_head[r]
+                    _prefix_hit_nb(i, r, status, computed, group, hit, seen)
                     pend = prompt[i] + generated[i] - computed[i]
                     need = _blocks_for(computed[i] + pend, bs) - blocks[i]
                     if free_blocks[r] - need >= cfg.watermark_blocks:
                         decode_only = False
-            # 1) running requests, decodes first, then partial prefills (not for a V0 prefill step)
+            # 1) running requests (not for a V0 prefill step): vllm walks them in admission order,
+            #    decodes and partial prefills alike (V1); the others take decodes first
             if pol != C.VLLM_V0 or decode_only:
                 n_pfc = 0
                 for phase in range(2):
@@ -394,7 +414,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
                         if inflight[i]:
                             continue
                         pend = prompt[i] + generated[i] - computed[i]
-                        if phase == 0 and not (generated[i] > 0 and pend == 1):
+                        if phase == 0 and pol != C.VLLM and not (generated[i] > 0 and pend == 1):
                             pf_cand[n_pfc] = i
                             n_pfc += 1
                             continue
@@ -464,6 +484,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2):
             if not decode_only and not preempted_now:
                 while n_waiting[r] > 0 and n_run[r] < B and nb < B and budget > 0:
                     i = q_head[r]
+                    _prefix_hit_nb(i, r, status, computed, group, hit, seen)
                     pend = prompt[i] + generated[i] - computed[i]
                     c = pend
                     if c > budget:

@@ -26,6 +26,7 @@ class EngineOptions:
     duration: float = math.inf
     warmup_time: float = 0.0
     log_size: int = 20000
+    num_gpu_blocks: int | None = None   # KV blocks per replica given by the user (None: from memory)
 
 
 def _code(table: dict, value: str, option: str) -> int:
@@ -44,7 +45,12 @@ def engine_config(opts: EngineOptions, replica_cost) -> EngineConfig:
     if not 0.0 <= opts.watermark < 1.0:
         raise ConfigError(f"watermark must be in [0, 1), got {opts.watermark}")
     mem = replica_cost.memory
-    num_blocks = mem.kv_capacity_tokens // opts.block_size
+    if opts.num_gpu_blocks is not None:
+        if isinstance(opts.num_gpu_blocks, bool) or not isinstance(opts.num_gpu_blocks, int) or opts.num_gpu_blocks < 1:
+            raise ConfigError(f"--num-gpu-blocks must be an integer >= 1, got {opts.num_gpu_blocks!r}")
+        num_blocks = opts.num_gpu_blocks
+    else:
+        num_blocks = mem.kv_capacity_tokens // opts.block_size
     if num_blocks < 1:
         raise InfeasibleError(
             f"{replica_cost.model.name} on {replica_cost.hw.name} at TP={replica_cost.layout.tp} "
@@ -73,13 +79,26 @@ def router_draws(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.random(n), rng.random(n)
 
 
+def prefix_arrays(n: int, block_size: int, prompt, prefix_group=None, prefix_len=None):
+    """(group, hit) int64 arrays for the kernel: a request's shared-prefix group (-1: none) and the
+    prompt tokens it can take from the prefix cache: its prefix in whole blocks, below its prompt
+    length (vLLM hits full blocks only and always recomputes the last prompt token)."""
+    if prefix_group is None or prefix_len is None:
+        return np.full(n, -1, np.int64), np.zeros(n, np.int64)
+    group = np.ascontiguousarray(prefix_group, dtype=np.int64)
+    plen = np.minimum(np.asarray(prefix_len, dtype=np.int64), np.asarray(prompt, dtype=np.int64) - 1)
+    hit = np.where(group >= 0, (np.maximum(plen, 0) // block_size) * block_size, 0).astype(np.int64)
+    return group, np.ascontiguousarray(hit)
+
+
 def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int,
                prefix_group=None, prefix_len=None) -> EngineOutput:
-    # prefix_group, prefix_len: used by the engine's prefix caching (not yet; ignored for now)
+    """Run the kernel; ``prefix_group`` / ``prefix_len`` (from the workload) drive its prefix cache."""
     arrival = np.ascontiguousarray(arrival, dtype=np.float64)
     prompt = np.ascontiguousarray(prompt, dtype=np.int64)
     output = np.ascontiguousarray(output, dtype=np.int64)
     if cfg.concurrency > 0:
         arrival = np.zeros_like(arrival)
     u1, u2 = router_draws(prompt.shape[0], seed)
-    return EngineOutput(*simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2))
+    group, hit = prefix_arrays(prompt.shape[0], cfg.block_size, prompt, prefix_group, prefix_len)
+    return EngineOutput(*simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit))

@@ -82,15 +82,11 @@ def _quantile(x, stat):
 
 def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) -> dict:
     """{'status': 'ok'|'infeasible'|'pruned', 'reason', 'capacity_rps', 'ttft_floor_ms', 'tpot_floor_ms'}."""
-    from ..api import SimConfig, resolve  # noqa: F401
-    from ..costmodel import Layout, build_replica
+    from ..api import replica_of, resolve
     from ..costmodel.iteration import iteration_components_nb
-    from ..engine.presets import get_preset
     try:
         cfg, model, hw, _ = resolve(replace(base, **{k: v for k, v in layout.items()}))
-        rc = build_replica(model, hw, Layout(cfg.tp, cfg.pp, cfg.dtype, cfg.kv_dtype, cfg.allreduce),
-                           cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
-                           max_seqs=cfg.max_num_seqs, fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
+        rc = replica_of(cfg, model, hw)
     except InfeasibleError as e:
         return {"status": "infeasible", "reason": str(e)}
     p = rc.params

@@ -23,8 +23,9 @@ Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in
   static    when nothing runs, admit waiting requests FCFS while their whole prompt + output
             reservation fits; the batch then runs (finished members keep padding it as decodes)
             until every member is done.
-  vllm,     1) running requests not in flight: first the decodes, then the partial prefills, each
-  sarathi,     in admission order, within `max_num_seqs` sequences and the token budget (sarathi's
+  vllm,     1) running requests not in flight, in admission order (vllm: decodes and partial
+  sarathi,     prefills alike, as vLLM V1; the others: first the decodes, then the partial prefills),
+               within `max_num_seqs` sequences and the token budget (sarathi's
   orca,        budget is its chunk size); a prefill longer than the budget is chunked (orca skips
   vllm-v0      it instead). If a request's next KV blocks do not fit, the youngest running request
                that is neither in flight nor already in this batch is preempted (possibly the
@@ -42,6 +43,12 @@ Preemption. recompute: the victim drops its KV cache and its computed tokens and
 of the waiting queue. swap: the victim keeps its computed tokens, its blocks are freed and it goes
 to the front of the queue as swapped; swapping out and later in each costs
 `swap_alpha + computed * kv_bytes_per_token / swap_bw`, added to that step's duration.
+
+Prefix cache. A request of a shared-prefix group (``group`` >= 0) that is admitted from the
+waiting queue with nothing computed starts with ``hit`` tokens computed (its group's prefix in
+whole blocks) once some request of its group has computed that many tokens on the same replica;
+it still holds blocks for them. A request preempted by recomputation loses its tokens and may hit
+again when it is re-admitted.
 
 Completion. Each member's chunk becomes computed; a member whose computed tokens reach
 prompt + generated emits one token (the first token, or an inter-token gap). A request that has
@@ -90,6 +97,8 @@ class Request:
     blocks: int = 0            # KV blocks held
     in_flight: bool = False
     ends: int = 0              # how many times the request ended (must be exactly one)
+    group: int = -1            # shared-prefix group (-1: none)
+    hit: int = 0               # prompt tokens it can take from its replica's prefix cache
 
     @property
     def pending(self) -> int:
@@ -168,14 +177,18 @@ def gap_bin(gap: float) -> int:
 
 
 class ReferenceSimulator:
-    def __init__(self, params, cfg, arrival, prompt, output, u1, u2, check=True):
+    def __init__(self, params, cfg, arrival, prompt, output, u1, u2, group=None, hit=None, check=True):
         self.p = params
         self.cfg = cfg
         self.u1 = np.asarray(u1, dtype=np.float64)
         self.u2 = np.asarray(u2, dtype=np.float64)
         self.check = check
-        self.requests = [Request(i, float(a), int(pr), int(o))
-                         for i, (a, pr, o) in enumerate(zip(arrival, prompt, output))]
+        n = len(prompt)
+        group = np.full(n, -1) if group is None else group
+        hit = np.zeros(n) if hit is None else hit
+        self.requests = [Request(i, float(a), int(pr), int(o), group=int(g), hit=int(h))
+                         for i, (a, pr, o, g, h) in enumerate(zip(arrival, prompt, output, group, hit))]
+        self.prefix_seen = set()    # (replica, group) whose prefix is in that replica's cache
         self.replicas = [Replica(r, KVBlockPool(cfg.num_blocks), cfg.pp) for r in range(cfg.replicas)]
         n = len(self.requests)
         # requests whose send time is known; closed loop: one per client to begin with
@@ -251,6 +264,8 @@ class ReferenceSimulator:
         for req, chunk in mb.members:
             req.in_flight = False
             req.computed += chunk
+            if req.group >= 0 and req.hit > 0 and req.computed >= req.hit:
+                self.prefix_seen.add((rep.index, req.group))
             if req.computed != req.prompt + req.generated:
                 continue                    # a prefill chunk that does not finish the prompt
             req.generated += 1
@@ -347,14 +362,16 @@ class ReferenceSimulator:
         decode_only = False
         if pol == C.VLLM_V0:
             head = rep.waiting[0] if rep.waiting else None
+            if head is not None:
+                self.prefix_hit(rep, head)
             can_admit = (head is not None and len(rep.running) < B and
                          rep.kv.free - self.blocks_needed(head, head.pending) >= cfg.watermark_blocks)
             decode_only = not can_admit
         if pol != C.VLLM_V0 or decode_only:
             ready = [q for q in rep.running if not q.in_flight]
-            decodes = [q for q in ready if q.is_decode]
-            prefills = [q for q in ready if not q.is_decode]
-            for req in decodes + prefills:
+            if pol != C.VLLM:
+                ready = [q for q in ready if q.is_decode] + [q for q in ready if not q.is_decode]
+            for req in ready:
                 if req.status != C.RUNNING:
                     continue                # preempted earlier in this step
                 if len(step.members) >= B or step.budget <= 0:
@@ -385,6 +402,7 @@ class ReferenceSimulator:
             return
         while rep.waiting and len(rep.running) < B and len(step.members) < B and step.budget > 0:
             head = rep.waiting[0]
+            self.prefix_hit(rep, head)
             chunk = head.pending
             if chunk > step.budget:
                 if pol in (C.ORCA, C.VLLM_V0):
@@ -405,6 +423,11 @@ class ReferenceSimulator:
             head.blocks += need
             rep.running.append(head)
             step.add(head, chunk)
+
+    def prefix_hit(self, rep: Replica, req: Request):
+        if req.group >= 0 and req.computed == 0 and req.status == C.WAITING and \
+                (rep.index, req.group) in self.prefix_seen:
+            req.computed = req.hit
 
     def blocks_needed(self, req: Request, chunk: int) -> int:
         return blocks_for(req.computed + chunk, self.cfg.block_size) - req.blocks
@@ -496,7 +519,7 @@ class Step:
         return any(q is req for q, _ in self.members)
 
 
-def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, check=True) -> dict:
+def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, group=None, hit=None, check=True) -> dict:
     """Run the reference simulator; same inputs as `simulate_nb`, a dict of NumPy arrays out.
 
     Keys: arrival (send times; closed loop fills them in), scheduled, first_token, finish,
@@ -505,4 +528,4 @@ def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, check=True)
     total_preemptions. With `check`, KV accounting is verified after every event and raises
     `KVAccountingError` on any inconsistency.
     """
-    return ReferenceSimulator(params, cfg, arrival, prompt, output, u1, u2, check=check).run()
+    return ReferenceSimulator(params, cfg, arrival, prompt, output, u1, u2, group, hit, check=check).run()

@@ -70,13 +70,9 @@ def _base(spec: ReportSpec):
 
 def _replica(cfg):
     """(ReplicaCost, resolved SimConfig) for one replica of `cfg`; InfeasibleError if it does not fit."""
-    from ..api import resolve
-    from ..costmodel import Layout, build_replica
-    from ..engine.presets import get_preset
+    from ..api import replica_of, resolve
     cfg, model, hw, _ = resolve(cfg)
-    rc = build_replica(model, hw, Layout(cfg.tp, cfg.pp, cfg.dtype, cfg.kv_dtype, cfg.allreduce),
-                       cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
-                       max_seqs=cfg.max_num_seqs, fraction_of_free=get_preset(cfg.engine).memory_fraction_of_free)
+    rc = replica_of(cfg, model, hw)
     return rc, cfg
 
 

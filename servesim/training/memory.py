@@ -21,7 +21,11 @@
 """
 from __future__ import annotations
 
-from servesim.costmodel.memory import RUNTIME_RESERVE_BYTES, GiB
+from servesim.costmodel.memory import GiB
+
+# CUDA context, NCCL buffers and the allocator's fragmentation outside the tensors counted here
+# (vLLM and PyTorch report ~0.5-1.5 GiB of such "non-torch memory" on H100; vLLM docs, "Conserving Memory")
+RUNTIME_RESERVE_BYTES = 1.0 * GiB
 
 
 def stage_params(model, pp: int, stage: int) -> tuple[float, float]:

@@ -1,0 +1,253 @@
+"""Engine profiles: ``engines/<name>.toml`` -> validated, frozen, SI-unit dataclasses.
+
+A hardware profile describes silicon; an engine profile describes how a serving framework runs on
+it: its scheduler defaults, whether it runs decode under CUDA graphs (and which batch sizes it
+captures), which kernels it fuses, which all-reduce it uses, and its host-side step model. The
+kernel efficiencies and host costs that were fitted for one (engine, hardware) pair live in the
+profile's ``[hardware.<profile name>]`` tables, each with its ``fit_source``. Hardware without such a
+table borrows the fit of the hardware it takes its silicon efficiencies from (the hardware
+profile's ``efficiency_from``), priced with its own datasheet peaks and bandwidths, and the output
+says so (``EngineFit.note``).
+
+Units are converted once, here: ``*_us`` -> seconds, ``*_mib`` -> bytes. Schema and sources in
+``engines/README.md``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from servesim.config._toml import Table, display_path, read_toml
+from servesim.errors import ConfigError
+from servesim.paths import engines_dir
+
+POLICIES = ("vllm", "vllm-v0", "sarathi", "orca", "static")
+PREEMPTION = ("recompute", "swap")
+GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+ALLREDUCE = ("custom", "nccl")
+MEMORY_FRACTION_OF = ("total", "free")
+
+_TOP_KEYS = ("name", "description", "version", "source", "scheduler", "cuda_graph", "kernels", "host",
+             "hardware")
+_SCHEDULER_KEYS = ("policy", "max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization",
+                   "memory_fraction_of", "watermark", "preemption", "non_torch_memory_mib")
+_GRAPH_KEYS = ("mode", "sizes", "step_small", "step_large", "large_from", "max_size", "max_size_per_seq")
+_KERNEL_KEYS = ("fused_add_norm", "allreduce", "custom_allreduce_max_mib")
+_HOST_KEYS = ("overlap",)
+# Fitted per (engine, hardware): (file key, field, kind). kind: "fraction" (0, 1], "nonneg" >= 0.
+FIT_KEYS = (
+    ("attn_prefill_max", "attn_prefill_max", "fraction"),
+    ("attn_prefill_latency_us", "attn_prefill_latency_s", "nonneg"),
+    ("attn_decode_hbm_fraction", "attn_decode_hbm_fraction", "fraction"),
+    ("attn_decode_latency_us", "attn_decode_latency_s", "nonneg"),
+    ("allreduce_bw_fraction", "allreduce_bw_fraction", "fraction"),
+    ("allreduce_latency_us", "allreduce_latency_s", "nonneg"),
+    ("launch_us", "launch_s", "nonneg"),
+    ("host_step_us", "host_step_s", "nonneg"),
+    ("host_per_seq_us", "host_per_seq_s", "nonneg"),
+)
+_UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
+
+
+@dataclass(frozen=True)
+class SchedulerDefaults:
+    """The engine's defaults for the options a user can override on the command line."""
+    policy: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    gpu_memory_utilization: float
+    memory_fraction_of: str        # "total": of all device memory (vLLM); "free": of what is left (TensorRT-LLM)
+    watermark: float               # fraction of KV blocks kept free when admitting
+    preemption: str
+    non_torch_memory_bytes: float  # CUDA context, NCCL and CUDA-graph buffers outside the allocator
+
+
+@dataclass(frozen=True)
+class CudaGraphs:
+    """Which batches run as a replayed CUDA graph, and the batch sizes captured.
+
+    Captured sizes: ``sizes``, then every ``step_small`` up to ``large_from`` and every ``step_large``
+    from ``large_from``, up to ``min(max_size_per_seq * max_num_seqs, max_size)`` tokens. A batch of
+    T tokens at most the largest size is padded to the next captured size; a larger one runs eagerly.
+    Modes: none (always eager), piecewise (every kernel but attention in graphs), full (the whole
+    forward in one graph), full_and_piecewise (full for decode-only batches, piecewise for mixed)."""
+    mode: str
+    sizes: tuple[int, ...]
+    step_small: int
+    step_large: int
+    large_from: int
+    max_size: int
+    max_size_per_seq: int
+
+    def capture_sizes(self, max_num_seqs: int) -> np.ndarray:
+        if self.mode == "none":
+            return np.zeros(0, dtype=np.float64)
+        top = min(self.max_size_per_seq * max_num_seqs, self.max_size)
+        out = [s for s in self.sizes if s <= top]
+        start = max(out[-1] + 1, self.step_small) if out else self.step_small
+        first = -(-start // self.step_small) * self.step_small
+        out += list(range(first, min(top + 1, self.large_from), self.step_small))
+        if top >= self.large_from:
+            out += list(range(self.large_from, top + 1, self.step_large))
+        return np.asarray(sorted(set(out)), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class EngineFit:
+    """Kernel efficiencies and host costs of one engine on one GPU, in SI units."""
+    attn_prefill_max: float
+    attn_prefill_latency_s: float
+    attn_decode_hbm_fraction: float
+    attn_decode_latency_s: float
+    allreduce_bw_fraction: float
+    allreduce_latency_s: float
+    launch_s: float                  # CPU time to launch one kernel outside a CUDA graph
+    host_step_s: float               # host work per engine step (schedule, prepare inputs, sample, update)
+    host_per_seq_s: float            # ... per scheduled sequence
+    fit_source: str
+    fitted_on: str                   # the hardware profile whose table this is
+    note: str = ""                   # how it applies to the hardware at hand (fitted / borrowed)
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    description: str
+    version: str
+    source: str
+    path: Path
+    scheduler: SchedulerDefaults
+    cuda_graph: CudaGraphs
+    fused_add_norm: bool             # residual add fused into the following RMSNorm
+    allreduce: str                   # "custom": the engine's own inside the scale-up domain; "nccl"
+    custom_allreduce_max_bytes: float
+    host_overlap: bool               # host work of a step overlaps the GPU work of the previous step
+    fits: dict                       # hardware profile name -> EngineFit
+
+    def fit_for(self, hw) -> EngineFit:
+        """This engine's fit for hardware ``hw``: its own table, else that of the hardware it borrows
+        its efficiencies from (``efficiency_from``), marked as borrowed."""
+        if hw.name in self.fits:
+            return dataclasses.replace(self.fits[hw.name], note=f"fitted on {hw.name}")
+        base = hw.efficiency_from
+        if base and base in self.fits:
+            return dataclasses.replace(
+                self.fits[base], note=f"no {self.name} fit for {hw.name}: {base}'s fit, priced with "
+                                      f"{hw.name}'s datasheet peaks and bandwidths")
+        if not self.fits:
+            raise ConfigError(f"{display_path(self.path)}: no [hardware.<profile>] table; add one for "
+                              f"{hw.name} (see engines/README.md)")
+        first = sorted(self.fits)[0]
+        return dataclasses.replace(
+            self.fits[first], note=f"no {self.name} fit for {hw.name} or {base or 'its architecture'}: "
+                                   f"{first}'s fit, priced with {hw.name}'s datasheet")
+
+
+def with_fit_for(engine: EngineProfile, hw, **overrides) -> EngineProfile:
+    """A copy of ``engine`` whose fit for ``hw`` has some fields replaced (SI names, e.g.
+    ``host_step_s``): used for ``--iteration-overhead-us`` and by the host-model fit."""
+    fit = with_fit(engine.fit_for(hw), **overrides)
+    return dataclasses.replace(engine, fits={**engine.fits, hw.name: dataclasses.replace(fit, note="")})
+
+
+def list_engines() -> list[str]:
+    return sorted(p.stem for p in engines_dir().glob("*.toml"))
+
+
+def load_engine(name_or_path: str) -> EngineProfile:
+    """A shipped engine by name (``"vllm"``) or a user's profile by path to a ``.toml``."""
+    text = str(name_or_path)
+    if text.endswith(".toml") or "/" in text or "\\" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"--engine {text}: engine profile file not found; pass a shipped engine "
+                              f"({', '.join(list_engines())}) or an existing .toml")
+        return _load_file(path.resolve())
+    path = engines_dir() / f"{text}.toml"
+    if not path.is_file():
+        raise ConfigError(f"--engine: unknown engine {text!r}; use one of {', '.join(list_engines())} "
+                          "or a path to an engine profile .toml")
+    return _load_file(path.resolve())
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(path: Path) -> EngineProfile:
+    top = Table(read_toml(path), path)
+    top.expect_keys(_TOP_KEYS)
+    name = top.str("name", nonempty=True)
+    if name != path.stem:
+        raise top.error("name", f"must equal the file stem '{path.stem}', got {name!r}")
+
+    s = top.table("scheduler")
+    s.expect_keys(_SCHEDULER_KEYS)
+    sched = SchedulerDefaults(
+        policy=s.str("policy", choices=POLICIES),
+        max_num_seqs=s.int("max_num_seqs", ge=1),
+        max_num_batched_tokens=s.int("max_num_batched_tokens", ge=1),
+        block_size=s.int("block_size", ge=1),
+        gpu_memory_utilization=s.fraction("gpu_memory_utilization"),
+        memory_fraction_of=s.str("memory_fraction_of", choices=MEMORY_FRACTION_OF),
+        watermark=s.float("watermark", ge=0.0, le=0.5),
+        preemption=s.str("preemption", choices=PREEMPTION),
+        non_torch_memory_bytes=s.float("non_torch_memory_mib", ge=0.0) * _UNIT["mib"],
+    )
+
+    g = top.table("cuda_graph")
+    g.expect_keys(_GRAPH_KEYS)
+    sizes = g.data["sizes"]
+    if not isinstance(sizes, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes) \
+            or sizes != sorted(set(sizes)):
+        raise g.error("sizes", f"must be an increasing list of integers >= 1, got {sizes!r}")
+    graphs = CudaGraphs(
+        mode=g.str("mode", choices=GRAPH_MODES), sizes=tuple(sizes),
+        step_small=g.int("step_small", ge=1), step_large=g.int("step_large", ge=1),
+        large_from=g.int("large_from", ge=1), max_size=g.int("max_size", ge=1),
+        max_size_per_seq=g.int("max_size_per_seq", ge=1),
+    )
+
+    k = top.table("kernels")
+    k.expect_keys(_KERNEL_KEYS)
+    h = top.table("host")
+    h.expect_keys(_HOST_KEYS)
+
+    hw_table = top.table("hardware")
+    fits = {}
+    for hw_name in hw_table.data:
+        fits[hw_name] = _read_fit(hw_table.table(hw_name), hw_name)
+
+    return EngineProfile(
+        name=name, description=top.str("description", nonempty=True), version=top.str("version", nonempty=True),
+        source=top.str("source", nonempty=True), path=path, scheduler=sched, cuda_graph=graphs,
+        fused_add_norm=k.bool("fused_add_norm"), allreduce=k.str("allreduce", choices=ALLREDUCE),
+        custom_allreduce_max_bytes=k.float("custom_allreduce_max_mib", ge=0.0) * _UNIT["mib"],
+        host_overlap=h.bool("overlap"), fits=fits,
+    )
+
+
+def _read_fit(t: Table, hw_name: str) -> EngineFit:
+    t.expect_keys(["fit_source"] + [key for key, _, _ in FIT_KEYS])
+    values: dict[str, object] = {"fit_source": t.str("fit_source", nonempty=True), "fitted_on": hw_name}
+    for key, field, kind in FIT_KEYS:
+        value = t.fraction(key) if kind == "fraction" else t.float(key, ge=0.0)
+        values[field] = value * _UNIT.get(key.rsplit("_", 1)[-1], 1.0)
+    return EngineFit(**values)
+
+
+def with_fit(fit: EngineFit, **overrides) -> EngineFit:
+    """A copy of ``fit`` with some fields replaced (SI names); used by the host-model fit."""
+    known = {f.name for f in dataclasses.fields(EngineFit)}
+    for key, value in overrides.items():
+        if key not in known:
+            raise ConfigError(f"with_fit: unknown field '{key}'; known: {', '.join(sorted(known))}")
+        if isinstance(value, float) and not value >= 0.0:
+            raise ConfigError(f"with_fit: field '{key}' must be >= 0, got {value!r}")
+    return dataclasses.replace(fit, **overrides)
+
+
+__all__ = ["CudaGraphs", "EngineFit", "EngineProfile", "FIT_KEYS", "SchedulerDefaults", "list_engines",
+           "load_engine", "with_fit", "with_fit_for"]
