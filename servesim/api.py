@@ -26,7 +26,7 @@ class SimConfig:
     pp: int = 1
     replicas: int = 1
     router: str = "round-robin"
-    dtype: str = "bf16"
+    dtype: str = "auto"                          # auto: the checkpoint's weight format
     kv_dtype: str = "auto"
     allreduce: str = "auto"
     engine: str = "vllm"
@@ -116,6 +116,8 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
     if filled.stages is not None:
         _check_stages(cfg)
     model = load_model(filled.model)
+    if filled.dtype == "auto":
+        filled = replace(filled, dtype=model.checkpoint_dtype)
     hw = hw if hw is not None else load_hardware(filled.hardware)
     workload = with_shared_prefix(load_workload(filled.workload), filled.num_system_prompts,
                                   filled.users_per_system_prompt, filled.system_prompt_len)

@@ -13,8 +13,12 @@ def simulate_options(f):
         click.option("--replicas", default=1, show_default=True, type=int),
         click.option("--router", default="round-robin", show_default=True,
                      type=click.Choice(["round-robin", "random", "least-requests", "least-kv", "power-of-two"])),
-        click.option("--dtype", default="bf16", show_default=True),
-        click.option("--kv-dtype", default="auto", show_default=True),
+        click.option("--dtype", default="auto", show_default=True,
+                     help="Weights: bf16, fp16, fp8, int8, int4, fp4, or auto (the checkpoint's: its "
+                          "quantization_config or torch_dtype; bf16 for shipped models)."),
+        click.option("--kv-dtype", default="auto", show_default=True,
+                     help="KV cache: bf16, fp16, fp8, int8, or auto (16-bit, the model's activation dtype, "
+                          "as vLLM's kv_cache_dtype auto)."),
         click.option("--engine", default="vllm", show_default=True,
                      help="Engine profile: vllm, sglang, trtllm (engines/*.toml), or a path to your own .toml."),
         click.option("--scheduler", default=None, type=click.Choice(["vllm", "vllm-v0", "sarathi", "orca", "static"]),

@@ -31,11 +31,13 @@ def activation_bytes(dtype: str) -> float:
 
 
 def kv_dtype_resolved(kv_dtype: str, dtype: str) -> str:
+    """``auto``: the model's 16-bit activation dtype, whatever the weights (vLLM's kv_cache_dtype
+    "auto"; an fp8 KV cache is a separate choice, --kv-dtype fp8, as in vLLM and TensorRT-LLM)."""
     if kv_dtype not in KV_DTYPES:
         raise ConfigError(f"--kv-dtype: unknown value {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
     if kv_dtype != "auto":
         return kv_dtype
-    return "fp8" if dtype == "fp8" else ("fp16" if dtype == "fp16" else "bf16")
+    return "fp16" if dtype == "fp16" else "bf16"
 
 
 def check_dtype(dtype: str, hw_name: str, peak_flops: dict[str, float]) -> None:
