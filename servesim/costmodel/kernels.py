@@ -1,0 +1,299 @@
+"""Kernel-level cost of an engine on a GPU: GEMM, attention, all-reduce, fused MoE. Scalar, jitted.
+
+These are the formulas fitted to NVIDIA AIConfigurator's per-kernel latencies measured inside vLLM,
+SGLang and TensorRT-LLM under CUDA graphs (``servesim/calibrate/engine_kernels.py``; report in
+``experiments/results/engine_kernels_validation.md``). Every argument is passed explicitly, in SI
+units (seconds, bytes, bytes/s, FLOP/s); fractions are of a datasheet figure of the hardware
+profile. Nothing here reads a profile or a global parameter: only the fixed tile shapes below,
+which are constants of the kernels, not fitted values.
+
+Sources of the forms:
+
+- Roofline: Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009: a kernel takes the larger
+  of its compute and its memory time.
+- Tile and wave quantisation: NVIDIA, "Matrix Multiplication Background User's Guide" (Deep
+  Learning Performance documentation), sections "Tile quantization" and "Wave quantization": the
+  output is cut into Tm x Tn tiles, one thread block each, run in waves of one block per SM; a
+  partial last wave costs a whole wave.
+- Split-K: CUTLASS documentation, "Efficient GEMM in CUDA" (parallelized reductions, split-K
+  across thread blocks), and the same in cuBLAS heuristics: when the output tiles do not fill the
+  SMs the K loop is cut into slices whose partial sums are reduced afterwards.
+- FlashAttention: Dao et al., "FlashAttention", NeurIPS 2022 (one thread block per (sequence,
+  head, query block), looping over key blocks; causal masking skips the blocks above the diagonal);
+  Shah et al., "FlashAttention-3", 2024 (query and key blocks of 128 for head_dim 128 on Hopper).
+- Decode attention: Kwon et al., "PagedAttention", SOSP 2023, and Dao et al. "Flash-Decoding"
+  (2023): one query per sequence, bound by reading the cached K and V.
+- All-reduce: one-shot / two-shot custom all-reduce over NVLink peer memory (vLLM
+  ``csrc/custom_all_reduce.cuh``, TensorRT-LLM ``customAllReduceKernels``); two-shot and ring move
+  2(n-1)/n of the message per GPU (Patarasuk & Yuan, JPDC 2009; Thakur et al., IJHPCA 2005).
+- Fused MoE: the routed experts as one grouped GEMM over the experts that received tokens
+  (vLLM ``fused_moe`` Triton kernel, TensorRT-LLM CUTLASS MoE GEMM).
+"""
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+# Output tile of a GEMM thread block: Tn = 128 columns and Tm = 64 or 128 rows, whichever is faster
+# (cuBLAS and CUTLASS ship both; Hopper's warpgroup MMA is 64 rows per warpgroup, Ampere's CUTLASS
+# default threadblock tile is 128 x 128). Chosen from the AIConfigurator data: this pair fits the
+# H100 and A100 bf16 tables better than 128 x 128 alone or 128 x 256 (experiments/results/
+# engine_kernels_validation.md), and it is not a fitted continuum.
+GEMM_TILE_N = 128.0
+GEMM_TILE_M_SMALL = 64.0
+GEMM_TILE_M = 128.0
+# Split-K never makes a K slice shorter than this (a few pipeline stages of 64-wide K steps).
+SPLITK_MIN_K = 256.0
+# FlashAttention query and key block for head_dim 128 (FlashAttention-2/3: kBlockM = 128).
+ATTN_BLOCK = 128.0
+
+
+@njit(cache=True)
+def gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits):
+    """Waves of thread blocks: ceil(ceil(m / Tm) * ceil(n / Tn) * splits / SMs) (NVIDIA GEMM guide,
+    wave quantization). 133 tiles on 132 SMs take 2 waves."""
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+    return float(math.ceil(tiles * splits / sm_count))
+
+
+@njit(cache=True)
+def gemm_wave_efficiency_nb(m, n, tile_m, tile_n, sm_count, splits):
+    """q = m n splits / (waves * SMs * Tm * Tn) <= 1: the useful fraction of the tensor-core work the
+    waves pay for (tile quantisation of m and n, wave quantisation over the SMs)."""
+    if m <= 0.0 or n <= 0.0:
+        return 0.0
+    waves = gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits)
+    return m * n * splits / (waves * sm_count * tile_m * tile_n)
+
+
+@njit(cache=True)
+def gemm_splits_nb(m, n, k, tile_m, tile_n, sm_count):
+    """Split-K slices when the output tiles do not fill the SMs: floor(SMs / tiles), at most
+    k / SPLITK_MIN_K; 1 when the tiles already fill a wave."""
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+    if tiles >= sm_count:
+        return 1.0
+    return float(max(1, min(int(sm_count // tiles), int(k // SPLITK_MIN_K))))
+
+
+@njit(cache=True)
+def gemm_compute_time_nb(m, n, k, tile_m, tile_n, splits, sm_count, peak, gemm_max, tile_overhead_k):
+    """Tensor-core time of one tile choice: waves x the time one SM spends on a tile,
+    2 Tm Tn (k / splits + k0) / (peak * gemm_max / SMs). k0 = ``tile_overhead_k`` is the prologue
+    and epilogue of a tile (filling the pipeline, writing the output tile) in units of K steps; with
+    k0 = 0 and full waves this is exactly 2mnk / (peak * gemm_max)."""
+    waves = gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits)
+    per_sm = peak * gemm_max / sm_count
+    return waves * 2.0 * tile_m * tile_n * (k / splits + tile_overhead_k) / per_sm
+
+
+@njit(cache=True)
+def gemm_bytes_nb(m, n, k, w_bytes, a_bytes):
+    """HBM bytes of X[m, k] W[n, k]^T: the weights once, activations in and out."""
+    return n * k * w_bytes + m * (n + k) * a_bytes
+
+
+@njit(cache=True)
+def gemm_time_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
+                 splitk_latency, tile_overhead_k):
+    """One GEMM X[m, k] W[n, k]^T (m = tokens) under a CUDA graph, in seconds:
+
+        latency + max(tensor-core time, bytes / (hbm_bw * hbm_fraction))      (roofline)
+
+    tensor-core time from ``gemm_compute_time_nb``, minimised over the tile rows Tm in {64, 128}
+    (Tn = 128) and, when the tiles do not fill the SMs, over split-K (``gemm_splits_nb``), which
+    adds ``splitk_latency`` (the reduction of the partial sums). bytes = n k w + m (n + k) a.
+    At small m the weights dominate and the GEMM is bandwidth-bound until 2mnk / bytes crosses the
+    ridge peak * gemm_max / (hbm_bw * hbm_fraction); at large m it is compute-bound at gemm_max of
+    ``peak`` less tile and wave quantisation.
+    """
+    if m <= 0.0 or n <= 0.0 or k <= 0.0:
+        return 0.0
+    t_mem = gemm_bytes_nb(m, n, k, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
+    best = math.inf
+    for i in range(2):
+        tile_m = GEMM_TILE_M_SMALL if i == 0 else GEMM_TILE_M
+        t = max(gemm_compute_time_nb(m, n, k, tile_m, GEMM_TILE_N, 1.0, sm_count, peak, gemm_max,
+                                     tile_overhead_k), t_mem)
+        best = min(best, t)
+        splits = gemm_splits_nb(m, n, k, tile_m, GEMM_TILE_N, sm_count)
+        if splits > 1.0:
+            t = max(gemm_compute_time_nb(m, n, k, tile_m, GEMM_TILE_N, splits, sm_count, peak, gemm_max,
+                                         tile_overhead_k), t_mem) + splitk_latency
+            best = min(best, t)
+    return latency + best
+
+
+@njit(cache=True)
+def gemm_ridge_tokens_nb(n, k, w_bytes, a_bytes, peak, gemm_max, hbm_bw, hbm_fraction):
+    """The m where 2mnk / (peak gemm_max) = (nk w + m (n + k) a) / (hbm_bw hbm_fraction): below it a
+    full-wave GEMM is bandwidth-bound, above it compute-bound (inf if never compute-bound)."""
+    rate_c = 2.0 * n * k / (peak * gemm_max)
+    rate_m = (n + k) * a_bytes / (hbm_bw * hbm_fraction)
+    if rate_c <= rate_m:
+        return math.inf
+    return n * k * w_bytes / (hbm_bw * hbm_fraction) / (rate_c - rate_m)
+
+
+@njit(cache=True)
+def grouped_gemm_time_nb(groups, m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, compute_fraction,
+                         hbm_fraction, tile_overhead_k):
+    """``groups`` independent GEMMs of m x k x n in one launch (no latency): the roofline of
+    ``gemm_time_nb`` over all their tiles together, groups * ceil(m / Tm) * ceil(n / Tn) tiles in
+    waves over the SMs, at ``compute_fraction`` of ``peak``; bytes = groups (n k w + m (n + k) a).
+    No split-K (the groups fill the SMs)."""
+    if groups <= 0.0 or m <= 0.0:
+        return 0.0
+    t_mem = groups * gemm_bytes_nb(m, n, k, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
+    per_sm = peak * compute_fraction / sm_count
+    best = math.inf
+    for i in range(2):
+        tile_m = GEMM_TILE_M_SMALL if i == 0 else GEMM_TILE_M
+        tiles = groups * math.ceil(m / tile_m) * math.ceil(n / GEMM_TILE_N)
+        waves = math.ceil(tiles / sm_count)
+        t_c = waves * 2.0 * tile_m * GEMM_TILE_N * (k + tile_overhead_k) / per_sm
+        best = min(best, max(t_c, t_mem))
+    return best
+
+
+@njit(cache=True)
+def moe_experts_time_nb(assignments, touched, hidden, inter, gated, w_bytes, a_bytes, peak, hbm_bw,
+                        sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency):
+    """The routed experts of one MoE layer on one GPU, in seconds:
+
+        moe_latency + grouped(up) + grouped(down)
+
+    ``assignments`` = token-expert pairs this GPU computes (tokens x top_k / EP), ``touched`` = the
+    distinct local experts that received at least one (the caller's routing model: for uniform
+    random routing E (1 - (1 - k/E)^T) experts, Feller vol. 1 ch. IV; for a balanced router
+    min(E, T k)); each touched expert runs m = assignments / touched rows. ``inter`` is the expert
+    width on this GPU (intermediate / TP); the up projection is 2 x inter wide when ``gated``.
+    Both grouped GEMMs use the dense GEMM's tile shapes, bandwidth fraction and tile overhead, with
+    tensor-core work at ``moe_efficiency`` x ``gemm_max`` (the fused-MoE kernels' own efficiency);
+    ``moe_latency`` covers routing, permutation, activation and the un-permute/reduce kernels.
+    """
+    if assignments <= 0.0 or touched <= 0.0:
+        return 0.0
+    m = assignments / touched
+    up_n = 2.0 * inter if gated else inter
+    frac = gemm_max * moe_efficiency
+    t = grouped_gemm_time_nb(touched, m, up_n, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+                             hbm_fraction, tile_overhead_k)
+    t += grouped_gemm_time_nb(touched, m, hidden, inter, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+                              hbm_fraction, tile_overhead_k)
+    return moe_latency + t
+
+
+@njit(cache=True)
+def balanced_experts_nb(assignments, experts):
+    """Distinct experts touched when a router spreads ``assignments`` token-expert pairs evenly over
+    ``experts`` (AIConfigurator's ``balanced`` distribution): min(E, assignments)."""
+    return min(experts, assignments)
+
+
+@njit(cache=True)
+def prefill_attention_compute_nb(seqs, chunk, ctx, heads, head_dim, peak, sm_count, attn_max, block_overhead):
+    """Tensor-core time of causal FlashAttention over ``seqs`` chunks of ``chunk`` new tokens with
+    ``ctx`` tokens already cached each. One thread block per (sequence, head, query block of 128);
+    query block j (1-based) attends to ctx + min(128 j, chunk) keys and costs
+    (keys / 128 + ``block_overhead``) key blocks of 4 x 128 x 128 x head_dim FLOPs at
+    ``attn_max`` of ``peak`` / SMs. Blocks run heaviest first (FlashAttention-2/3 causal
+    scheduling) in waves of one per SM; a wave lasts as long as its heaviest block."""
+    if seqs <= 0.0 or chunk <= 0.0:
+        return 0.0
+    nb = math.ceil(chunk / ATTN_BLOCK)
+    bh = seqs * heads
+    units = bh * nb
+    waves = int(math.ceil(units / sm_count))
+    per_block = 4.0 * ATTN_BLOCK * ATTN_BLOCK * head_dim / (peak * attn_max / sm_count)
+    t = 0.0
+    for w in range(waves):
+        level = math.floor(w * sm_count / bh)   # 0 = the last (heaviest) query block
+        j = nb - level
+        keys = ctx + min(j * ATTN_BLOCK, chunk)
+        t += per_block * (keys / ATTN_BLOCK + block_overhead)
+    return t
+
+
+@njit(cache=True)
+def prefill_attention_bytes_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_bytes, kv_bytes):
+    """HBM bytes of a prefill attention: per new token q read and o written (2 heads d q_bytes),
+    its k and v read and written to the cache (4 kv_heads d kv_bytes); the cached prefix's k and v
+    read (2 kv_heads d kv_bytes per cached token)."""
+    return seqs * (chunk * (2.0 * heads * head_dim * q_bytes + 4.0 * kv_heads * head_dim * kv_bytes)
+                   + ctx * 2.0 * kv_heads * head_dim * kv_bytes)
+
+
+@njit(cache=True)
+def prefill_attention_time_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_bytes, kv_bytes, peak, hbm_bw,
+                              sm_count, attn_max, hbm_fraction, block_overhead, latency):
+    """Prefill (context) attention of one layer on one GPU, in seconds:
+
+        latency + compute (``prefill_attention_compute_nb``) + bytes / (hbm_bw * hbm_fraction)
+
+    Compute and memory add rather than overlap: the engines' attention op runs its memory-side
+    kernels (q/k/v layout, rope, KV-cache write) and the FlashAttention kernel one after the other,
+    and the AIConfigurator tables are fitted better by the sum (see the report). Useful causal
+    FLOPs are 4 heads head_dim pairs, pairs = chunk (ctx + (chunk + 1) / 2) per sequence."""
+    if seqs <= 0.0 or chunk <= 0.0:
+        return 0.0
+    t_c = prefill_attention_compute_nb(seqs, chunk, ctx, heads, head_dim, peak, sm_count, attn_max, block_overhead)
+    nbytes = prefill_attention_bytes_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_bytes, kv_bytes)
+    return latency + t_c + nbytes / (hbm_bw * hbm_fraction)
+
+
+@njit(cache=True)
+def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes, kv_bytes, hbm_bw, sm_count,
+                             hbm_fraction, block_time, latency):
+    """Decode (generation) attention of one layer on one GPU, in seconds: one query per sequence over
+    ``kv_tokens`` cached tokens in all (the sum over the batch):
+
+        latency + seqs kv_heads block_time / SMs + bytes / (hbm_bw * hbm_fraction)
+
+    bytes = kv_tokens 2 kv_heads d kv_bytes (K and V read once per KV head, GQA) + seqs 2 heads d
+    q_bytes (q in, o out). One thread block per (sequence, KV head) costs ``block_time`` of one SM
+    besides its bytes (launch, page-table walk, the final reduction), spread over the SMs; the
+    tables show it as a floor proportional to seqs x kv_heads at short contexts. FLOPs (4 heads d
+    per cached token) are below the ridge for any GQA group and are not charged."""
+    if seqs <= 0.0:
+        return 0.0
+    nbytes = kv_tokens * 2.0 * kv_heads * head_dim * kv_bytes + seqs * 2.0 * heads * head_dim * q_bytes
+    return latency + seqs * kv_heads * block_time / sm_count + nbytes / (hbm_bw * hbm_fraction)
+
+
+@njit(cache=True)
+def engine_allreduce_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency):
+    """The engine's own all-reduce of ``nbytes`` per GPU over ``n`` GPUs of one NVLink/NVSwitch
+    domain, under a CUDA graph, in seconds: latency + the faster of
+
+        one-shot: each GPU reads the n - 1 peer buffers       (n - 1) S / B
+        two-shot: reduce-scatter + all-gather, one more step  step_latency + 2 (n - 1) / n S / B
+
+    with B = link_bw (one direction per GPU) x bw_fraction. Large messages, where the engines hand
+    over to NCCL's ring, move the same 2 (n - 1) / n S, so one form covers both. 0 for n <= 1."""
+    if n <= 1.0 or nbytes <= 0.0:
+        return 0.0
+    bw = link_bw * bw_fraction
+    one_shot = (n - 1.0) * nbytes / bw
+    two_shot = step_latency + 2.0 * (n - 1.0) / n * nbytes / bw
+    return latency + min(one_shot, two_shot)
+
+
+@njit(cache=True)
+def engine_allreduce_eager_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency, launch, hbm_bw,
+                                   hbm_fraction):
+    """The same all-reduce called eagerly (outside a CUDA graph): the graph time + ``launch`` (the host
+    launch and the IPC-handle bookkeeping) + a copy of the input into the registered buffer
+    (2 S bytes at hbm_bw * hbm_fraction; vLLM/SGLang copy an unregistered tensor before reducing)."""
+    if n <= 1.0 or nbytes <= 0.0:
+        return 0.0
+    return (engine_allreduce_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency) + launch
+            + 2.0 * nbytes / (hbm_bw * hbm_fraction))
+
+
+__all__ = ["ATTN_BLOCK", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
+           "decode_attention_time_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
+           "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
+           "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb",
+           "prefill_attention_bytes_nb", "prefill_attention_compute_nb", "prefill_attention_time_nb"]
