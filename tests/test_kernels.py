@@ -19,7 +19,7 @@ GMAX, HF, LAT, LAT_SK, K0 = 0.85, 0.8, 2e-6, 3e-6, 200.0
 
 
 def gemm(m, n, k, *, w=2.0, a=2.0, peak=PEAK, bw=BW, sms=SMS, gmax=GMAX, hf=HF, lat=LAT, lat_sk=LAT_SK, k0=K0):
-    return kn.gemm_time_nb(float(m), float(n), float(k), w, a, peak, bw, float(sms), gmax, hf, lat, lat_sk, k0)
+    return kn.gemm_time_nb(float(m), float(k), float(n), w, a, peak, bw, float(sms), gmax, hf, lat, lat_sk, k0)
 
 
 # -- slow twins ---------------------------------------------------------------------------------
@@ -65,9 +65,9 @@ def test_waves_and_wave_efficiency():
     assert kn.gemm_wave_efficiency_nb(128.0 * 132, 128.0, 128.0, 128.0, 132.0, 1.0) == 1.0
     # tile quantisation: 129 rows need two 128-row tiles
     assert kn.gemm_wave_efficiency_nb(129.0, 128.0, 128.0, 128.0, 132.0, 1.0) == pytest.approx(129 / (132 * 128))
-    assert kn.gemm_splits_nb(128.0, 128.0, 65536.0, 128.0, 128.0, 132.0) == 132.0   # 1 tile, split to fill
-    assert kn.gemm_splits_nb(128.0, 128.0, 1024.0, 128.0, 128.0, 132.0) == 4.0      # no slice below 256
-    assert kn.gemm_splits_nb(128.0 * 132, 128.0, 65536.0, 128.0, 128.0, 132.0) == 1.0
+    assert kn.gemm_splits_nb(128.0, 65536.0, 128.0, 128.0, 128.0, 132.0) == 132.0   # 1 tile, split to fill
+    assert kn.gemm_splits_nb(128.0, 1024.0, 128.0, 128.0, 128.0, 132.0) == 4.0      # no slice below 256
+    assert kn.gemm_splits_nb(128.0 * 132, 65536.0, 128.0, 128.0, 128.0, 132.0) == 1.0
 
 
 def test_tiny_m_gemm_is_latency_plus_bytes():
@@ -91,7 +91,7 @@ def test_roofline_crosses_at_the_ridge_computed_by_hand():
     n = k = 128.0 * 132
     peak, gmax, bw, hf = 1e15, 1.0, 2e12, 1.0
     ridge = (n * k * 2 / (bw * hf)) / (2 * n * k / (peak * gmax) - (n + k) * 2 / (bw * hf))   # by hand
-    assert kn.gemm_ridge_tokens_nb(n, k, 2.0, 2.0, peak, gmax, bw, hf) == pytest.approx(ridge, rel=1e-12)
+    assert kn.gemm_ridge_tokens_nb(k, n, 2.0, 2.0, peak, gmax, bw, hf) == pytest.approx(ridge, rel=1e-12)
     assert 512 < ridge < 576
     below, above = 64 * math.floor(ridge / 64), 64 * math.ceil(ridge / 64)
     kw = dict(peak=peak, gmax=gmax, bw=bw, hf=hf, k0=0.0)
@@ -212,7 +212,7 @@ def test_allreduce_limits_and_monotone_in_size():
 
 def test_grouped_gemm_of_one_group_is_the_gemm_without_latency():
     m, n, k = 4096.0, 4096.0, 7168.0   # many tiles: no split-K, same tile choice
-    g = kn.grouped_gemm_time_nb(1.0, m, n, k, 2.0, 2.0, PEAK, BW, float(SMS), GMAX, HF, K0)
+    g = kn.grouped_gemm_time_nb(1.0, m, k, n, 2.0, 2.0, PEAK, BW, float(SMS), GMAX, HF, K0)
     assert g + LAT == pytest.approx(gemm(m, n, k), rel=1e-12)
 
 
@@ -220,8 +220,8 @@ def test_moe_is_latency_plus_up_and_down_grouped_gemms():
     assign, touched, hidden, inter = 2048.0, 64.0, 7168.0, 2048.0
     eff, lat = 0.3, 20e-6
     frac = GMAX * eff
-    up = kn.grouped_gemm_time_nb(touched, assign / touched, 2 * inter, hidden, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
-    down = kn.grouped_gemm_time_nb(touched, assign / touched, hidden, inter, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
+    up = kn.grouped_gemm_time_nb(touched, assign / touched, hidden, 2 * inter, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
+    down = kn.grouped_gemm_time_nb(touched, assign / touched, inter, hidden, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
     t = kn.moe_experts_time_nb(assign, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff, lat)
     assert t == pytest.approx(lat + up + down, rel=1e-12)
     assert kn.moe_experts_time_nb(0.0, 0.0, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff,

@@ -230,7 +230,7 @@ def moe_frame(gpu: str, engine: str) -> pd.DataFrame | None:
 def _gemm_many_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, lat, lat_sk, k0, extra):
     out = np.empty(m.shape[0])
     for i in range(m.shape[0]):
-        out[i] = kn.gemm_time_nb(m[i], n[i], k[i], w_bytes[i], a_bytes[i], peak[i], hbm_bw, sm_count,
+        out[i] = kn.gemm_time_nb(m[i], k[i], n[i], w_bytes[i], a_bytes[i], peak[i], hbm_bw, sm_count,
                                  gmax[i], hbm_frac, lat + extra[i], lat_sk, k0)
     return out
 

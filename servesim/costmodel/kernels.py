@@ -35,6 +35,7 @@ import math
 
 from numba import njit
 
+# GEMM arguments are (m, k, n) as in servesim.costmodel.roofline: X[m, k] W[n, k]^T, m = tokens.
 # Output tile of a GEMM thread block: Tn = 128 columns and Tm = 64 or 128 rows, whichever is faster
 # (cuBLAS and CUTLASS ship both; Hopper's warpgroup MMA is 64 rows per warpgroup, Ampere's CUTLASS
 # default threadblock tile is 128 x 128). Chosen from the AIConfigurator data: this pair fits the
@@ -68,7 +69,7 @@ def gemm_wave_efficiency_nb(m, n, tile_m, tile_n, sm_count, splits):
 
 
 @njit(cache=True)
-def gemm_splits_nb(m, n, k, tile_m, tile_n, sm_count):
+def gemm_splits_nb(m, k, n, tile_m, tile_n, sm_count):
     """Split-K slices when the output tiles do not fill the SMs: floor(SMs / tiles), at most
     k / SPLITK_MIN_K; 1 when the tiles already fill a wave."""
     tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n)
@@ -78,7 +79,7 @@ def gemm_splits_nb(m, n, k, tile_m, tile_n, sm_count):
 
 
 @njit(cache=True)
-def gemm_compute_time_nb(m, n, k, tile_m, tile_n, splits, sm_count, peak, gemm_max, tile_overhead_k):
+def gemm_compute_time_nb(m, k, n, tile_m, tile_n, splits, sm_count, peak, gemm_max, tile_overhead_k):
     """Tensor-core time of one tile choice: waves x the time one SM spends on a tile,
     2 Tm Tn (k / splits + k0) / (peak * gemm_max / SMs). k0 = ``tile_overhead_k`` is the prologue
     and epilogue of a tile (filling the pipeline, writing the output tile) in units of K steps; with
@@ -89,15 +90,16 @@ def gemm_compute_time_nb(m, n, k, tile_m, tile_n, splits, sm_count, peak, gemm_m
 
 
 @njit(cache=True)
-def gemm_bytes_nb(m, n, k, w_bytes, a_bytes):
+def gemm_bytes_nb(m, k, n, w_bytes, a_bytes):
     """HBM bytes of X[m, k] W[n, k]^T: the weights once, activations in and out."""
     return n * k * w_bytes + m * (n + k) * a_bytes
 
 
 @njit(cache=True)
-def gemm_time_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
+def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
                  splitk_latency, tile_overhead_k):
-    """One GEMM X[m, k] W[n, k]^T (m = tokens) under a CUDA graph, in seconds:
+    """One GEMM X[m, k] W[n, k]^T (m = tokens; arguments in the order of ``roofline.gemm_time_nb``:
+    m, k, n) under a CUDA graph, in seconds:
 
         latency + max(tensor-core time, bytes / (hbm_bw * hbm_fraction))      (roofline)
 
@@ -110,23 +112,23 @@ def gemm_time_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hb
     """
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0
-    t_mem = gemm_bytes_nb(m, n, k, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
+    t_mem = gemm_bytes_nb(m, k, n, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
     best = math.inf
     for i in range(2):
         tile_m = GEMM_TILE_M_SMALL if i == 0 else GEMM_TILE_M
-        t = max(gemm_compute_time_nb(m, n, k, tile_m, GEMM_TILE_N, 1.0, sm_count, peak, gemm_max,
+        t = max(gemm_compute_time_nb(m, k, n, tile_m, GEMM_TILE_N, 1.0, sm_count, peak, gemm_max,
                                      tile_overhead_k), t_mem)
         best = min(best, t)
-        splits = gemm_splits_nb(m, n, k, tile_m, GEMM_TILE_N, sm_count)
+        splits = gemm_splits_nb(m, k, n, tile_m, GEMM_TILE_N, sm_count)
         if splits > 1.0:
-            t = max(gemm_compute_time_nb(m, n, k, tile_m, GEMM_TILE_N, splits, sm_count, peak, gemm_max,
+            t = max(gemm_compute_time_nb(m, k, n, tile_m, GEMM_TILE_N, splits, sm_count, peak, gemm_max,
                                          tile_overhead_k), t_mem) + splitk_latency
             best = min(best, t)
     return latency + best
 
 
 @njit(cache=True)
-def gemm_ridge_tokens_nb(n, k, w_bytes, a_bytes, peak, gemm_max, hbm_bw, hbm_fraction):
+def gemm_ridge_tokens_nb(k, n, w_bytes, a_bytes, peak, gemm_max, hbm_bw, hbm_fraction):
     """The m where 2mnk / (peak gemm_max) = (nk w + m (n + k) a) / (hbm_bw hbm_fraction): below it a
     full-wave GEMM is bandwidth-bound, above it compute-bound (inf if never compute-bound)."""
     rate_c = 2.0 * n * k / (peak * gemm_max)
@@ -137,15 +139,15 @@ def gemm_ridge_tokens_nb(n, k, w_bytes, a_bytes, peak, gemm_max, hbm_bw, hbm_fra
 
 
 @njit(cache=True)
-def grouped_gemm_time_nb(groups, m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, compute_fraction,
+def grouped_gemm_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, compute_fraction,
                          hbm_fraction, tile_overhead_k):
-    """``groups`` independent GEMMs of m x k x n in one launch (no latency): the roofline of
+    """``groups`` independent GEMMs (m, k, n as in ``gemm_time_nb``) in one launch (no latency): the roofline of
     ``gemm_time_nb`` over all their tiles together, groups * ceil(m / Tm) * ceil(n / Tn) tiles in
     waves over the SMs, at ``compute_fraction`` of ``peak``; bytes = groups (n k w + m (n + k) a).
     No split-K (the groups fill the SMs)."""
     if groups <= 0.0 or m <= 0.0:
         return 0.0
-    t_mem = groups * gemm_bytes_nb(m, n, k, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
+    t_mem = groups * gemm_bytes_nb(m, k, n, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
     per_sm = peak * compute_fraction / sm_count
     best = math.inf
     for i in range(2):
@@ -178,9 +180,9 @@ def moe_experts_time_nb(assignments, touched, hidden, inter, gated, w_bytes, a_b
     m = assignments / touched
     up_n = 2.0 * inter if gated else inter
     frac = gemm_max * moe_efficiency
-    t = grouped_gemm_time_nb(touched, m, up_n, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+    t = grouped_gemm_time_nb(touched, m, hidden, up_n, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
                              hbm_fraction, tile_overhead_k)
-    t += grouped_gemm_time_nb(touched, m, hidden, inter, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+    t += grouped_gemm_time_nb(touched, m, inter, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
                               hbm_fraction, tile_overhead_k)
     return moe_latency + t
 
