@@ -79,10 +79,12 @@ def test_allreduce_and_moe_fits_recover_known_parameters():
     for tokens in (1, 16, 128, 1024, 8192):
         for hidden, inter, experts, topk, ep in ((7168, 2048, 256, 8, 1), (4096, 14336, 8, 2, 1), (2048, 768, 128, 8, 4)):
             a = tokens * topk / ep
-            rows.append({"dtype": "bf16", "assignments": a, "touched": min(experts / ep, a), "hidden": float(hidden),
-                         "inter": float(inter)})
+            for dtype in ("bf16", "fp8"):
+                rows.append({"dtype": dtype, "assignments": a, "touched": min(experts / ep, a),
+                             "pairs": float(tokens * topk), "hidden": float(hidden), "inter": float(inter)})
     moe = pd.DataFrame(rows)
-    true_m = {"moe_efficiency": 0.3, "moe_latency_us": 25.0}
+    true_m = {"moe_efficiency": 0.3, "moe_latency_us": 25.0, "moe_fp8_efficiency": 0.2, "moe_fp8_latency_us": 30.0,
+              "moe_pair_us": 0.02}
     moe["time_s"] = ek.predict_moe(moe, H100, TRUE_GEMM, true_m)
     close(quiet(ek.fit_moe, moe, H100, TRUE_GEMM), true_m)
 

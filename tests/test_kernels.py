@@ -216,23 +216,24 @@ def test_grouped_gemm_of_one_group_is_the_gemm_without_latency():
     assert g + LAT == pytest.approx(gemm(m, n, k), rel=1e-12)
 
 
-def test_moe_is_latency_plus_up_and_down_grouped_gemms():
+def test_moe_is_latency_plus_routing_plus_up_and_down_grouped_gemms():
     assign, touched, hidden, inter = 2048.0, 64.0, 7168.0, 2048.0
-    eff, lat = 0.3, 20e-6
+    eff, lat, pairs, pair_time = 0.3, 20e-6, 16384.0, 0.02e-6
     frac = GMAX * eff
     up = kn.grouped_gemm_time_nb(touched, assign / touched, hidden, 2 * inter, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
     down = kn.grouped_gemm_time_nb(touched, assign / touched, inter, hidden, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
-    t = kn.moe_experts_time_nb(assign, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff, lat)
-    assert t == pytest.approx(lat + up + down, rel=1e-12)
-    assert kn.moe_experts_time_nb(0.0, 0.0, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff,
-                                  lat) == 0.0
+    t = kn.moe_experts_time_nb(assign, touched, pairs, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0,
+                               eff, lat, pair_time)
+    assert t == pytest.approx(lat + pairs * pair_time + up + down, rel=1e-12)
+    assert kn.moe_experts_time_nb(0.0, 0.0, 0.0, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff,
+                                  lat, pair_time) == 0.0
 
 
 def test_moe_with_one_token_per_expert_streams_the_touched_weights():
     hidden, inter = 7168.0, 2048.0
     def t(touched):
-        return kn.moe_experts_time_nb(touched, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF,
-                                      K0, 0.3, 0.0)
+        return kn.moe_experts_time_nb(touched, touched, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX,
+                                      HF, K0, 0.3, 0.0, 0.0)
     per_expert = (3 * hidden * inter * 2 + (2 * inter + hidden) * 2 + (hidden + inter) * 2) / (BW * HF)
     assert t(8.0) == pytest.approx(8 * per_expert, rel=1e-12)
     assert t(64.0) == pytest.approx(8 * t(8.0), rel=1e-12)

@@ -20,7 +20,8 @@ The formulas are ``servesim.costmodel.kernels``'s, imported and called, never re
   ``allreduce_latency_us``, ``allreduce_bw_fraction``, ``allreduce_step_latency_us``,
   ``allreduce_eager_launch_us``.
 - fused MoE (``moe_experts_time_nb``): ``moe_efficiency``, ``moe_latency_us`` (bf16) and
-  ``moe_fp8_efficiency``, ``moe_fp8_latency_us`` (fp8 per-tensor), with the GPU's GEMM parameters.
+  ``moe_fp8_efficiency``, ``moe_fp8_latency_us`` (fp8 per-tensor), and ``moe_pair_us`` (per routed
+  token-expert pair, both dtypes), with the GPU's GEMM parameters.
 - NCCL all-reduce: ``servesim.costmodel.collectives.allreduce_time_nb`` with the hardware
   profile's link parameters (``scaleup_bw_fraction``, ``scaleup_latency_us``,
   ``collective_base_latency_us``), as the simulator prices it today.
@@ -69,6 +70,7 @@ ALLREDUCE_PARAMS = ("allreduce_latency_us", "allreduce_bw_fraction", "allreduce_
                     "allreduce_eager_launch_us")
 MOE_PARAMS = ("moe_efficiency", "moe_latency_us")
 MOE_FP8_PARAMS = ("moe_fp8_efficiency", "moe_fp8_latency_us")
+MOE_SHARED_PARAMS = ("moe_pair_us",)
 NCCL_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
 LAUNCH_PARAMS = ("launch_us",)
 # Physical bounds (file units): fractions of a datasheet figure, microseconds, K steps, key blocks.
@@ -83,7 +85,7 @@ BOUNDS = {
     "allreduce_latency_us": (0.0, 100.0), "allreduce_bw_fraction": (0.05, 1.0),
     "allreduce_step_latency_us": (0.0, 100.0), "allreduce_eager_launch_us": (0.0, 500.0),
     "moe_efficiency": (0.01, 1.0), "moe_latency_us": (0.0, 500.0),
-    "moe_fp8_efficiency": (0.01, 1.0), "moe_fp8_latency_us": (0.0, 500.0),
+    "moe_fp8_efficiency": (0.01, 1.0), "moe_fp8_latency_us": (0.0, 500.0), "moe_pair_us": (0.0, 1.0),
     "scaleup_bw_fraction": (0.05, 1.0), "scaleup_latency_us": (0.0, 50.0),
     "collective_base_latency_us": (0.0, 100.0),
     "launch_us": (0.0, 100.0),
@@ -95,7 +97,7 @@ START = {
     "attn_prefill_latency_us": 10.0, "attn_decode_hbm_fraction": 0.8, "attn_decode_block_us": 3.0,
     "attn_decode_latency_us": 10.0, "allreduce_latency_us": 4.0, "allreduce_bw_fraction": 0.7,
     "allreduce_step_latency_us": 5.0, "allreduce_eager_launch_us": 20.0, "moe_efficiency": 0.3,
-    "moe_latency_us": 20.0, "moe_fp8_efficiency": 0.2, "moe_fp8_latency_us": 20.0,
+    "moe_latency_us": 20.0, "moe_fp8_efficiency": 0.2, "moe_fp8_latency_us": 20.0, "moe_pair_us": 0.01,
     "scaleup_bw_fraction": 0.7, "scaleup_latency_us": 1.0, "collective_base_latency_us": 10.0,
     "launch_us": 5.0,
 }
@@ -215,7 +217,7 @@ def moe_frame(gpu: str, engine: str) -> pd.DataFrame | None:
         "tokens": tokens, "hidden": t["hidden_size"].to_numpy(np.float64),
         "inter": t["inter_size"].to_numpy(np.float64) / t["moe_tp_size"].to_numpy(np.float64),
         "topk": topk, "experts": experts, "tp": t["moe_tp_size"].to_numpy(np.float64), "ep": ep,
-        "assignments": assignments, "touched": np.minimum(local, assignments),
+        "assignments": assignments, "touched": np.minimum(local, assignments), "pairs": tokens * topk,
         "time_s": t["latency"].to_numpy(np.float64) * 1e-3,
     })
     f["shape"] = [f"{int(h)}/{int(i)}/{int(e)}/{int(k)}" for h, i, e, k in
@@ -275,12 +277,13 @@ def _nccl_many_nb(nbytes, n, bw, alpha, base, algorithm):
 
 
 @njit(cache=True)
-def _moe_many_nb(assignments, touched, hidden, inter, w_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, k0, eff, lat):
+def _moe_many_nb(assignments, touched, pairs, hidden, inter, w_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, k0, eff,
+                 lat, pair_time):
     out = np.empty(assignments.shape[0])
     for i in range(assignments.shape[0]):
         a = 2.0 if w_bytes[i] == 2.0 else 1.0
-        out[i] = kn.moe_experts_time_nb(assignments[i], touched[i], hidden[i], inter[i], True, w_bytes[i], a,
-                                        peak[i], hbm_bw, sm_count, gmax, hbm_frac, k0, eff[i], lat[i])
+        out[i] = kn.moe_experts_time_nb(assignments[i], touched[i], pairs[i], hidden[i], inter[i], True, w_bytes[i], a,
+                                        peak[i], hbm_bw, sm_count, gmax, hbm_frac, k0, eff[i], lat[i], pair_time)
     return out
 
 
@@ -350,16 +353,18 @@ def predict_nccl(frame: pd.DataFrame, hw, p: dict | None = None) -> np.ndarray:
 
 def predict_moe(frame: pd.DataFrame, hw, gemm: dict, p: dict) -> np.ndarray:
     """Fused-MoE time (s) of each row: bf16 rows at ``moe_efficiency`` / ``moe_latency_us``, fp8 rows
-    at the fp8 peak with 1-byte weights and activations, ``moe_fp8_efficiency`` / ``moe_fp8_latency_us``."""
+    at the fp8 peak with 1-byte weights and activations, ``moe_fp8_efficiency`` / ``moe_fp8_latency_us``;
+    every row adds ``moe_pair_us`` per routed pair (column ``pairs``)."""
     is8 = (frame["dtype"] == "fp8").to_numpy()
     if is8.any() and not {"moe_fp8_efficiency", "moe_fp8_latency_us"} <= set(p):
         raise ConfigError("predict_moe: fp8 rows need moe_fp8_efficiency and moe_fp8_latency_us")
     eff = np.where(is8, p.get("moe_fp8_efficiency", 0.0), p.get("moe_efficiency", 0.0))
     lat = np.where(is8, p.get("moe_fp8_latency_us", 0.0), p.get("moe_latency_us", 0.0)) * 1e-6
     peak = np.where(is8, hw.peak_flops["fp8"], hw.peak_flops["bf16"])
-    return _moe_many_nb(_col(frame, "assignments"), _col(frame, "touched"), _col(frame, "hidden"), _col(frame, "inter"),
-                        np.where(is8, 1.0, 2.0), peak, hw.hbm_bw, float(hw.sm_count), gemm["gemm_max"],
-                        gemm["gemm_hbm_fraction"], gemm["gemm_tile_overhead_k"], eff, lat)
+    return _moe_many_nb(_col(frame, "assignments"), _col(frame, "touched"), _col(frame, "pairs"), _col(frame, "hidden"),
+                        _col(frame, "inter"), np.where(is8, 1.0, 2.0), peak, hw.hbm_bw, float(hw.sm_count),
+                        gemm["gemm_max"], gemm["gemm_hbm_fraction"], gemm["gemm_tile_overhead_k"], eff, lat,
+                        p.get("moe_pair_us", 0.0) * 1e-6)
 
 
 # -- fitting ------------------------------------------------------------------------------------
@@ -476,14 +481,16 @@ def fit_nccl(frame: pd.DataFrame, hw) -> dict:
 
 
 def fit_moe(frame: pd.DataFrame, hw, gemm: dict) -> dict:
-    """``MOE_PARAMS`` on bf16 rows and ``MOE_FP8_PARAMS`` on fp8 rows, each where present."""
-    out = {}
-    for dtype, names in (("bf16", MOE_PARAMS), ("fp8", MOE_FP8_PARAMS)):
-        rows = frame[frame["dtype"] == dtype]
-        if rows.empty:
-            continue
-        out.update(fit_params(names, lambda f, p: predict_moe(f, hw, gemm, p), rows, f"fit_moe({hw.name}, {dtype})"))
-    return out
+    """One joint fit over the bf16 and fp8 rows present: ``MOE_PARAMS`` for bf16, ``MOE_FP8_PARAMS``
+    for fp8, and ``moe_pair_us`` shared (routing and permutation do not depend on the expert dtype)."""
+    names = []
+    for dtype, part in (("bf16", MOE_PARAMS), ("fp8", MOE_FP8_PARAMS)):
+        if (frame["dtype"] == dtype).any():
+            names += part
+    if not names:
+        raise ConfigError(f"fit_moe({hw.name}): no bf16 or fp8 rows")
+    return fit_params(tuple(names) + MOE_SHARED_PARAMS, lambda f, p: predict_moe(f, hw, gemm, p), frame,
+                      f"fit_moe({hw.name})")
 
 
 def fit_launch(frame: pd.DataFrame, hw, gemm: dict) -> dict:
@@ -498,7 +505,7 @@ def fit_launch(frame: pd.DataFrame, hw, gemm: dict) -> dict:
 
 
 __all__ = ["ALLREDUCE_PARAMS", "BOUNDS", "DECODE_PARAMS", "ENGINES", "GEMM_FP8_PARAMS", "GEMM_PARAMS", "GPUS",
-           "LAUNCH_PARAMS", "MOE_FP8_PARAMS", "MOE_PARAMS", "NCCL_PARAMS", "PREFILL_PARAMS", "aiconfigurator_dir",
+           "LAUNCH_PARAMS", "MOE_FP8_PARAMS", "MOE_PARAMS", "MOE_SHARED_PARAMS", "NCCL_PARAMS", "PREFILL_PARAMS", "aiconfigurator_dir",
            "allreduce_frame", "bounds_hit", "cross_validate", "decode_frame", "fit_allreduce", "fit_decode",
            "fit_gemm", "fit_gemm_fp8", "fit_launch", "fit_moe", "fit_nccl", "fit_params", "fit_prefill",
            "gemm_frame", "group_folds", "moe_frame", "nccl_frame", "nccl_profile_params", "predict_allreduce",

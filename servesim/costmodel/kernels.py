@@ -160,11 +160,11 @@ def grouped_gemm_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_cou
 
 
 @njit(cache=True)
-def moe_experts_time_nb(assignments, touched, hidden, inter, gated, w_bytes, a_bytes, peak, hbm_bw,
-                        sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency):
+def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated, w_bytes, a_bytes, peak, hbm_bw,
+                        sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency, pair_time):
     """The routed experts of one MoE layer on one GPU, in seconds:
 
-        moe_latency + grouped(up) + grouped(down)
+        moe_latency + routed_pairs x pair_time + grouped(up) + grouped(down)
 
     ``assignments`` = token-expert pairs this GPU computes (tokens x top_k / EP), ``touched`` = the
     distinct local experts that received at least one (the caller's routing model: for uniform
@@ -172,8 +172,11 @@ def moe_experts_time_nb(assignments, touched, hidden, inter, gated, w_bytes, a_b
     min(E, T k)); each touched expert runs m = assignments / touched rows. ``inter`` is the expert
     width on this GPU (intermediate / TP); the up projection is 2 x inter wide when ``gated``.
     Both grouped GEMMs use the dense GEMM's tile shapes, bandwidth fraction and tile overhead, with
-    tensor-core work at ``moe_efficiency`` x ``gemm_max`` (the fused-MoE kernels' own efficiency);
-    ``moe_latency`` covers routing, permutation, activation and the un-permute/reduce kernels.
+    tensor-core work at ``moe_efficiency`` x ``gemm_max`` (the fused-MoE kernels' own efficiency).
+    The routing, sort/align, permute and un-permute kernels cost ``moe_latency`` plus ``pair_time``
+    per routed token-expert pair they see, ``routed_pairs`` = tokens x top_k of the whole layer
+    input (under EP the fused kernels still walk every routed pair and skip the remote experts'
+    blocks: vLLM ``moe_align_block_size`` / ``expert_map``).
     """
     if assignments <= 0.0 or touched <= 0.0:
         return 0.0
@@ -184,7 +187,7 @@ def moe_experts_time_nb(assignments, touched, hidden, inter, gated, w_bytes, a_b
                              hbm_fraction, tile_overhead_k)
     t += grouped_gemm_time_nb(touched, m, inter, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
                               hbm_fraction, tile_overhead_k)
-    return moe_latency + t
+    return moe_latency + routed_pairs * pair_time + t
 
 
 @njit(cache=True)
