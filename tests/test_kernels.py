@@ -38,7 +38,8 @@ def gemm_twin(m, n, k, w, a, peak, bw, sms, gmax, hf, lat, lat_sk, k0):
         for s in choices:
             units = tiles * s
             waves = math.ceil(units / sms)
-            per_tile = 2 * tm * 128 * (k / s + k0) / (peak * gmax / sms)
+            rows = m / math.ceil(m / tm)
+            per_tile = 2 * tm * 128 * (k / s + k0 * rows / tm) / (peak * gmax / sms)
             options.append(max(waves * per_tile, t_mem) + (lat_sk if s > 1 else 0.0))
     return lat + min(options)
 

@@ -81,12 +81,15 @@ def gemm_splits_nb(m, k, n, tile_m, tile_n, sm_count):
 @njit(cache=True)
 def gemm_compute_time_nb(m, k, n, tile_m, tile_n, splits, sm_count, peak, gemm_max, tile_overhead_k):
     """Tensor-core time of one tile choice: waves x the time one SM spends on a tile,
-    2 Tm Tn (k / splits + k0) / (peak * gemm_max / SMs). k0 = ``tile_overhead_k`` is the prologue
-    and epilogue of a tile (filling the pipeline, writing the output tile) in units of K steps; with
-    k0 = 0 and full waves this is exactly 2mnk / (peak * gemm_max)."""
+    2 Tm Tn (k / splits + k0 rows / Tm) / (peak * gemm_max / SMs). k0 = ``tile_overhead_k`` is the
+    fixed work of a full tile besides its K loop (the epilogue that stores the output tile, the
+    pipeline fill) in units of K steps, scaled by the tile's valid rows, rows = m / ceil(m / Tm)
+    (a tile of a 1-token GEMM stores one row); with k0 = 0 and full waves this is exactly
+    2mnk / (peak * gemm_max)."""
     waves = gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits)
     per_sm = peak * gemm_max / sm_count
-    return waves * 2.0 * tile_m * tile_n * (k / splits + tile_overhead_k) / per_sm
+    rows = m / math.ceil(m / tile_m)          # valid rows per tile: the epilogue stores only these
+    return waves * 2.0 * tile_m * tile_n * (k / splits + tile_overhead_k * rows / tile_m) / per_sm
 
 
 @njit(cache=True)
