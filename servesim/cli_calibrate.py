@@ -17,50 +17,85 @@ def _pct(v) -> str:
 
 
 @click.command()
-@click.option("--profile", required=True, help="Base hardware profile (shipped name or .toml path) to start from.")
+@click.option("--profile", required=True,
+              help="Base hardware profile (shipped name or .toml path): the GPU the measurements were taken on.")
 @click.option("--operators", multiple=True, type=click.Path(exists=True),
-              help="Per-operator timing CSV or folder (Vidur mlp.csv / all_reduce.csv / send_recv.csv, or the "
-                   "native op,m,k,n,dtype,bytes,gpus,time_us format). Repeatable.")
-@click.option("--serving", multiple=True, type=click.Path(exists=True),
-              help="End-to-end serving results: the shipped CSV layout or a vLLM benchmark_serving.py JSON. Repeatable.")
+              help="Hardware input: per-operator timing CSV or folder (Vidur mlp.csv / all_reduce.csv / "
+                   "send_recv.csv, or the native op,m,k,n,dtype,bytes,gpus,time_us format). Repeatable.")
 @click.option("--training", type=click.Path(exists=True, dir_okay=False),
-              help="Training step times in the shipped training CSV layout.")
+              help="Hardware input: training step times in the shipped training CSV layout.")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="New hardware profile TOML (required with --operators / --training).")
+@click.option("--aiconfigurator", default=None,
+              help="Engine input: AIConfigurator per-kernel tables of one GPU, a <gpu>/ folder holding "
+                   "<engine>-<version>/ folders or one such folder (gemm_perf, context_attention_perf, "
+                   "generation_attention_perf, custom_allreduce_perf, moe_perf; .csv or .csv.gz).")
+@click.option("--serving", multiple=True, type=click.Path(exists=True),
+              help="Engine input: end-to-end serving results (the shipped CSV layout or a vLLM "
+                   "benchmark_serving.py JSON); fits the engine's end-to-end keys (host time per step and per "
+                   "sequence, graph overlap). Repeatable.")
+@click.option("--engine", default=None,
+              help="Base engine profile (shipped name or .toml path) of the engine inputs [default: vllm].")
+@click.option("--engine-output", default=None, type=click.Path(dir_okay=False),
+              help="New engine profile TOML (required with --aiconfigurator / --serving).")
 @click.option("--model", default=None, help="servesim model of the vLLM JSON runs (e.g. llama-3.1-8b).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor parallelism of the vLLM JSON runs.")
 @click.option("--hardware", default=None, help="Hardware of the vLLM JSON runs [default: the base profile].")
 @click.option("--precision", default="BF16", show_default=True, help="Precision of the vLLM JSON runs (BF16, FP16, FP8).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="New profile TOML to write.")
-@click.option("--force", is_flag=True, help="Overwrite an existing file or use a shipped profile name.")
+@click.option("--force", is_flag=True, help="Overwrite existing files or use a shipped profile or engine name.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
-              help="Fit report folder [default: <output stem>-fit next to the profile].")
+              help="Fit report folder [default: <stem>-fit next to -o, else next to --engine-output].")
 @click.option("--holdout/--no-holdout", default=True, show_default=True,
-              help="Leave-one-group-out refits (one per model / layout).")
-def calibrate(profile, operators, serving, training, model, tp, hardware, precision, output, force, report_dir,
-              holdout):
-    """Fit a profile's efficiencies to your measurements and write a new profile.
+              help="Held-out refits (one model / layout / GPU count at a time; k-fold by shape for kernels).")
+def calibrate(profile, operators, training, output, aiconfigurator, serving, engine, engine_output, model, tp,
+              hardware, precision, force, report_dir, holdout):
+    """Fit a hardware profile and/or an engine profile to your measurements and write new ones.
 
     \b
+    Hardware inputs (--operators, --training) write the hardware profile -o; engine inputs
+    (--aiconfigurator, --serving) write the engine profile --engine-output, a copy of --engine
+    whose [hardware.<gpu>] table holds the fit (<gpu>: -o's stem when both are written, else
+    --profile's name). Both may be given in one call.
     Examples:
       servesim calibrate --profile h100-sxm --operators measure_out/ -o my-h100.toml
       servesim calibrate --profile h100-sxm --operators vidur/profiling/compute/h100 \\
           --operators vidur/profiling/network/h100_dgx -o h100-vidur.toml
-      servesim calibrate --profile h100-sxm --serving bench.json --model llama-3.1-8b --tp 1 -o mine.toml
+      servesim calibrate --profile h100-sxm --aiconfigurator aiconfigurator/h100_sxm \\
+          --engine vllm --engine-output my-vllm.toml
+      servesim calibrate --profile h100-sxm --serving bench.json --model llama-3.1-8b --tp 1 \\
+          --engine-output my-vllm.toml
+      servesim simulate --hardware h100-sxm --engine my-vllm.toml
     """
     from .calibrate.fit import calibrate as run, summary, write_outputs
     result = run(profile, output, operators=operators, serving=serving, training=training, model=model, tp=tp,
-                 hardware=hardware, precision=precision, force=force, holdout=holdout)
+                 hardware=hardware, precision=precision, force=force, holdout=holdout,
+                 aiconfigurator=aiconfigurator, engine=engine, engine_output=engine_output)
     command = "servesim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "servesim calibrate"
-    rep = write_outputs(result, output, report_dir, command=command)
+    rep = write_outputs(result, report_dir=report_dir, command=command)
     _echo_warnings(result.warnings)
-    click.echo(f"fitted {len(result.values)} parameter(s) of {result.profile}:")
-    for k, v in result.values.items():
-        click.echo(f"  {k:<28}{result.base_values[k]:>12.4g} -> {v:.4g}")
+    if output:
+        click.echo(f"fitted {len(result.values)} parameter(s) of {result.profile}:")
+        for k, v in result.values.items():
+            click.echo(f"  {k:<28}{result.base_values[k]:>12.4g} -> {v:.4g}")
+    e = result.engine
+    if e is not None:
+        click.echo(f"fitted {len(e.values)} key(s) of engine {e.engine} [hardware.{e.table}] (base: {e.base_note}):")
+        for k, v in e.values.items():
+            click.echo(f"  {k:<28}{e.base_values[k]:>12.4g} -> {v:.4g}")
+        for why in e.kept:
+            click.echo(f"  kept: {why}")
     for note in result.notes:
         click.echo(f"  {note}")
-    click.echo(f"  {'rows':<12}{'n':>6}{'median':>10}{'p90':>10}")
+    held = {}
+    for r in result.holdout.itertuples():
+        held.setdefault(r.kind, []).append(r.median_rel_err)
+    click.echo(f"  {'rows':<20}{'n':>7}{'median':>9}{'p90':>9}{'held-out':>10}")
     for r in summary(result.residuals).itertuples():
-        click.echo(f"  {r.kind:<12}{r.n:>6}{_pct(r.median_rel_err):>10}{_pct(r.p90_rel_err):>10}")
-    click.echo(f"wrote {output} and {rep}/report.md")
+        h = sorted(v for v in held.get(r.kind, []) if v == v)      # one per held-out group or k-fold run
+        ho = _pct(0.5 * (h[(len(h) - 1) // 2] + h[len(h) // 2])) if h else "-"
+        click.echo(f"  {r.kind:<20}{r.n:>7}{_pct(r.median_rel_err):>9}{_pct(r.p90_rel_err):>9}{ho:>10}")
+    wrote = " and ".join(p for p in (result.output, result.engine_output) if p)
+    click.echo(f"wrote {wrote} and {rep}/report.md")
 
 
 @click.command()

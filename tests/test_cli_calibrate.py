@@ -9,6 +9,7 @@ from servesim.calibrate.fit import read_vllm_json
 from servesim.calibrate.profile_io import update_profile
 from servesim.cli import main
 from servesim.config import load_hardware
+from servesim.config.engine import load_engine
 
 DATA = Path(__file__).parent / "data" / "calibrate"
 NATIVE = DATA / "native_h100.csv"
@@ -109,22 +110,36 @@ def test_vllm_json_parsed():
     assert (df["engine"] == "vLLM").all() and (df["num_requests"] == 200).all()
 
 
-def test_vllm_json_fit(tmp_path):
+def test_vllm_json_fit_writes_the_engine_host_keys(tmp_path):
+    # serving rows fit the engine's host keys into the engine profile, not the hardware profile
     out = tmp_path / "served.toml"
     r = run("calibrate", "--profile", "h100-sxm", "--serving", DATA / "vllm_rate4.json",
-            "--serving", DATA / "vllm_rate16.json", "--model", "llama-3.1-8b", "--tp", "1", "-o", out)
+            "--serving", DATA / "vllm_rate16.json", "--model", "llama-3.1-8b", "--tp", "1", "--engine-output", out)
     assert r.exit_code == 0, r.output
-    e = load_hardware(str(out)).efficiency
-    base = load_hardware("h100-sxm").efficiency
-    assert e.gemm_max == base.gemm_max            # operator values untouched without operator input
-    assert 1e-5 <= e.iteration_overhead_s <= 0.02
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["served-fit", "served.toml"]   # no hardware profile
+    h100 = load_hardware("h100-sxm")
+    fit, base = load_engine(str(out)).fit_for(h100), load_engine("vllm").fit_for(h100)
+    assert load_engine(str(out)).name == "served" and fit.fitted_on == "h100-sxm"
+    assert 1e-5 <= fit.host_step_s <= 0.02 and 0.0 <= fit.host_per_seq_s <= 2e-4
+    assert fit.gemm_max == base.gemm_max and fit.attn_decode_hbm_fraction == base.attn_decode_hbm_fraction
+    assert "servesim calibrate" in fit.fit_source and "serving rows" in fit.fit_source
     res = pd.read_csv(tmp_path / "served-fit" / "residuals.csv")
-    assert len(res) == 8 and res["rel_error"].abs().median() < 0.15
+    assert len(res) == 8 and set(res["profile"]) == {"engine"} and res["rel_error"].abs().median() < 0.15
+
+
+def test_serving_rows_of_another_engine_are_one_line(tmp_path):
+    from servesim.calibrate.serving import DATA as SERVING
+    df = pd.read_csv(SERVING)
+    rows = tmp_path / "trt.csv"
+    df[df.hardware.str.startswith("H100")].head(8).to_csv(rows, index=False)
+    msg = _one_line_error(run("calibrate", "--profile", "h100-sxm", "--serving", rows, "--engine", "vllm",
+                              "--engine-output", tmp_path / "e.toml"))
+    assert "--engine trtllm" in msg and not (tmp_path / "e.toml").exists()
 
 
 def test_vllm_json_without_model_is_one_line(tmp_path):
     msg = _one_line_error(run("calibrate", "--profile", "h100-sxm", "--serving", DATA / "vllm_rate4.json",
-                              "-o", tmp_path / "s.toml"))
+                              "--engine-output", tmp_path / "s.toml"))
     assert "--model" in msg
 
 

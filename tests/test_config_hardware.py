@@ -16,7 +16,7 @@ from servesim.paths import hardware_dir
 SHIPPED = ["a100-sxm-40gb", "a100-sxm-80gb", "b200", "gb200-nvl72", "h100-pcie", "h100-sxm",
            "h200-sxm", "h800-sxm", "l4", "l40s", "mi300x", "mi325x", "tpu-v5e"]
 CALIBRATED = {"a100-sxm-80gb", "h100-sxm"}
-FRACTIONS = ("gemm_max", "hbm_fraction", "attn_prefill_max", "attn_decode_hbm_fraction",
+FRACTIONS = ("gemm_max", "hbm_fraction", "attn_prefill_max",
              "scaleup_bw_fraction", "scaleout_bw_fraction", "pcie_bw_fraction")
 
 
@@ -64,8 +64,7 @@ def test_h100_sxm_si_conversion():
     raw = tomllib.loads(hw.path.read_text())["efficiency"]
     eff = hw.efficiency
     assert eff.kernel_latency_s == pytest.approx(raw["kernel_latency_us"] * 1e-6)
-    assert eff.iteration_overhead_s == pytest.approx(raw["iteration_overhead_us"] * 1e-6)
-    assert eff.per_seq_overhead_s == pytest.approx(raw["per_seq_overhead_us"] * 1e-6)
+    assert eff.elementwise_latency_s == pytest.approx(raw["elementwise_latency_us"] * 1e-6)
     assert eff.scaleup_latency_s == pytest.approx(raw["scaleup_latency_us"] * 1e-6)
     assert eff.p2p_large_message_bytes == pytest.approx(raw["p2p_large_message_mib"] * 2.0 ** 20)
     assert eff.gemm_half_tokens == raw["gemm_half_tokens"]
@@ -137,17 +136,16 @@ def test_with_efficiency_returns_a_modified_copy():
         with_efficiency(hw, gemm_maxx=0.5)
     with pytest.raises(ConfigError, match=r"'hbm_fraction' must be in \(0, 1\]"):
         with_efficiency(hw, hbm_fraction=1.2)
-    with pytest.raises(ConfigError, match="'iteration_overhead_s' must be >= 0"):
-        with_efficiency(hw, iteration_overhead_s=-1.0)
+    with pytest.raises(ConfigError, match="'kernel_latency_s' must be >= 0"):
+        with_efficiency(hw, kernel_latency_s=-1.0)
 
 
 def test_efficiency_fields_are_si_names():
     names = [f.name for f in dataclasses.fields(Efficiency)]
     assert names == ["gemm_max", "gemm_half_tokens", "kernel_latency_s", "hbm_fraction",
-                     "attn_prefill_max", "attn_decode_hbm_fraction", "scaleup_bw_fraction",
+                     "attn_prefill_max", "scaleup_bw_fraction",
                      "scaleup_latency_s", "scaleout_bw_fraction", "scaleout_latency_s",
-                     "pcie_bw_fraction", "pcie_latency_s", "iteration_overhead_s",
-                     "per_seq_overhead_s", "norm_hbm_fraction", "rope_hbm_fraction",
+                     "pcie_bw_fraction", "pcie_latency_s", "norm_hbm_fraction", "rope_hbm_fraction",
                      "activation_hbm_fraction", "elementwise_latency_s", "collective_base_latency_s",
                      "p2p_bw_fraction", "p2p_latency_s", "p2p_large_bw_fraction",
                      "p2p_large_message_bytes", "fit_source"]
@@ -320,6 +318,16 @@ def test_readme_documents_every_key():
 def test_renamed_efficiency_key_names_its_replacement(tmp_path):
     path = _variant(tmp_path, "old-key", drop=("norm_hbm_fraction", "rope_hbm_fraction", "activation_hbm_fraction",
                                                "elementwise_latency_us"),
-                    add_after={"per_seq_overhead_us": "elementwise_hbm_fraction = 0.6"})
+                    add_after={"pcie_latency_us": "elementwise_hbm_fraction = 0.6"})
     msg = _error(path)
     assert "elementwise_hbm_fraction" in msg and "norm_hbm_fraction" in msg and "elementwise_latency_us" in msg
+
+
+@pytest.mark.parametrize("old, new", [("iteration_overhead_us = 1356.8", "host_step_us"),
+                                      ("per_seq_overhead_us = 4.59", "host_per_seq_us"),
+                                      ("attn_decode_hbm_fraction = 0.9", "attn_decode_hbm_fraction")])
+def test_engine_keys_in_a_hardware_profile_name_the_engine_profile(tmp_path, old, new):
+    # these moved to the engine profile; an older profile that still has one says where its value lives now
+    msg = _error(_variant(tmp_path, "old-engine-key", add_after={"pcie_latency_us": old}))
+    assert f"efficiency.{old.split()[0]}" in msg and "is no longer a key" in msg
+    assert new in msg and "engines/<engine>.toml [hardware.<gpu>]" in msg and "--engine-output" in msg

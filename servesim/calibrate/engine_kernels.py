@@ -3,8 +3,10 @@
 Data: per-kernel latencies measured by NVIDIA's AIConfigurator inside vLLM 0.14.0, SGLang 0.5.9,
 TensorRT-LLM (1.2.0rc5 on H100, 1.0.0 on A100) and NCCL 2.27.3, on H100 SXM and A100 SXM, each
 kernel replayed in a CUDA graph (so without host launch cost), shipped as a subset under
-``servesim/calibrate/data/aiconfigurator/`` (Apache-2.0; its README says what was kept). Only the
-shipped copy is read.
+``servesim/calibrate/data/aiconfigurator/`` (Apache-2.0; its README says what was kept). The frame
+readers read that copy by GPU and engine name, or any ``<engine>-<version>`` folder in
+AIConfigurator's layout (``folder=``: plain ``<table>.csv`` as AIConfigurator writes them, or
+``<table>.csv.gz``), keeping the rows the formulas describe (``ROW_FILTERS``).
 
 The formulas are ``servesim.costmodel.kernels``'s, imported and called, never re-derived here:
 
@@ -106,11 +108,101 @@ LOSS = {"loss": "soft_l1", "f_scale": 0.1}
 GEMM_MIN_NK = 128        # n or k below 128: pathological split-K / GEMV paths, no LLM layer has them
 MAX_GQA_GROUP = 16       # heads / kv_heads; larger groups (old MQA models) hit other kernels
 MOE_MAX_TOKENS = 8192    # the engines' default token budget per step
+GEMM_MAX_M = 8192        # GEMM tokens beyond one serving step (the shipped subset stops here)
+# Rows a formula describes, applied where a table has the column (a full AIConfigurator table; the
+# shipped subset holds only these rows already): column -> accepted values. ``kernel_source`` of
+# moe_perf: the gated-expert kernels (not TensorRT-LLM's non-gated one).
+ROW_FILTERS = {
+    "gemm_perf": {"gemm_dtype": ("bfloat16", "fp8")},
+    "context_attention_perf": {"head_dim": (128,), "attn_dtype": ("bfloat16",), "window_size": (0,),
+                               "beam_width": (1,), "kv_cache_dtype": ("bfloat16", "fp8")},
+    "generation_attention_perf": {"head_dim": (128,), "attn_dtype": ("bfloat16",), "window_size": (0,),
+                                  "beam_width": (1,), "kv_cache_dtype": ("bfloat16", "fp8")},
+    "moe_perf": {"distribution": ("balanced",), "moe_dtype": ("bfloat16", "fp8"),
+                 "kernel_source": ("vllm_fused_moe", "moe_torch_flow_cutlass", "sglang_fused_moe_triton")},
+}
+# Columns each table must have (after restoring constant columns, see read_folder_table).
+TABLE_COLUMNS = {
+    "gemm_perf": ("gemm_dtype", "m", "n", "k", "latency"),
+    "context_attention_perf": ("batch_size", "isl", "num_heads", "num_key_value_heads", "kv_cache_dtype", "latency"),
+    "generation_attention_perf": ("batch_size", "step", "num_heads", "num_key_value_heads", "kv_cache_dtype",
+                                  "latency"),
+    "custom_allreduce_perf": ("num_gpus", "message_size", "latency"),
+    "nccl_perf": ("num_gpus", "message_size", "latency"),
+    "moe_perf": ("moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+                 "moe_ep_size", "latency"),
+}
 
 
 def aiconfigurator_dir() -> Path:
     """The shipped AIConfigurator subset: ``<gpu>/<engine-version>/<table>.csv.gz``."""
     return data_dir() / "aiconfigurator"
+
+
+def table_file(folder, table: str) -> Path | None:
+    """``<table>.csv`` (as AIConfigurator writes it) or ``<table>.csv.gz`` (as servesim ships it) in
+    ``folder``; None when neither is there."""
+    for suffix in (".csv", ".csv.gz"):
+        path = Path(folder) / f"{table}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _constant_columns(folder: Path, table: str) -> dict:
+    """Columns a source tree keeps out of its tables because they hold one value (``INDEX.csv`` two
+    levels up, column ``constant_columns``: ``k=v;k=v``), as the AIConfigurator copies in shared/
+    are cut; {} without such an index."""
+    index = folder.parent.parent / "INDEX.csv"
+    if not index.is_file():
+        return {}
+    ix = pd.read_csv(index, dtype=str)
+    need = {"gpu", "framework", "table", "constant_columns"}
+    if not need <= set(ix.columns):
+        return {}
+    row = ix[(ix["gpu"] == folder.parent.name) & (ix["framework"] == folder.name) & (ix["table"] == f"{table}.csv")]
+    if row.empty or pd.isna(row["constant_columns"].iloc[0]):
+        return {}
+    out = {}
+    for kv in row["constant_columns"].iloc[0].split(";"):
+        key, _, value = kv.partition("=")
+        out[key] = value
+    return out
+
+
+def read_folder_table(folder, table: str) -> pd.DataFrame:
+    """One table (``table`` without suffix, e.g. ``gemm_perf``) of an AIConfigurator
+    ``<engine>-<version>`` folder: ``.csv`` or ``.csv.gz``, constant columns restored from the tree's
+    ``INDEX.csv`` where it has one; a missing table or column is a ConfigError naming it."""
+    folder = Path(folder)
+    path = table_file(folder, table)
+    if path is None:
+        raise ConfigError(f"{folder}: no {table}.csv or {table}.csv.gz")
+    try:
+        t = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"{path}: not a readable CSV ({exc})") from None
+    for key, value in _constant_columns(folder, table).items():
+        if key not in t.columns:
+            t[key] = value
+    missing = [c for c in TABLE_COLUMNS.get(table, ()) if c not in t.columns]
+    if missing:
+        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; AIConfigurator's {table} has "
+                          f"{', '.join(TABLE_COLUMNS[table])}")
+    return t
+
+
+def _formula_rows(t: pd.DataFrame, table: str) -> pd.DataFrame:
+    """The rows of ``t`` that ``ROW_FILTERS[table]`` accepts (columns the table lacks are not checked)."""
+    keep = np.ones(len(t), dtype=bool)
+    for col, accepted in ROW_FILTERS.get(table, {}).items():
+        if col not in t.columns:
+            continue
+        if isinstance(accepted[0], str):
+            keep &= t[col].astype(str).isin(accepted).to_numpy()
+        else:
+            keep &= pd.to_numeric(t[col], errors="coerce").isin(accepted).to_numpy()
+    return t[keep].reset_index(drop=True)
 
 
 def read_table(gpu: str, folder: str, table: str) -> pd.DataFrame:
@@ -121,6 +213,12 @@ def read_table(gpu: str, folder: str, table: str) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
+def _table(gpu: str, engine: str, table: str, folder) -> pd.DataFrame:
+    """``table``'s formula rows: of ``folder`` when given, else of the shipped copy of ``gpu``/``engine``."""
+    t = read_folder_table(folder, table) if folder is not None else read_table(gpu, engine_folders(gpu)[engine], table)
+    return _formula_rows(t, table)
+
+
 def engine_folders(gpu: str) -> dict:
     if gpu not in ENGINES:
         raise ConfigError(f"unknown AIConfigurator GPU {gpu!r}; known: {', '.join(ENGINES)}")
@@ -129,21 +227,24 @@ def engine_folders(gpu: str) -> dict:
 
 # -- tidy frames --------------------------------------------------------------------------------
 
-def gemm_frame(gpu: str, engines=None) -> pd.DataFrame:
+def gemm_frame(gpu: str, engines=None, folder=None) -> pd.DataFrame:
     """GEMM rows of ``gpu`` (all engines by default): ``engine, dtype (bf16|fp8), m, n, k, time_s,
-    shape ("n x k", the held-out group), in_range`` (n, k >= GEMM_MIN_NK)."""
+    shape ("n x k", the held-out group), in_range`` (n, k >= GEMM_MIN_NK, m <= GEMM_MAX_M).
+    ``folder``: read that ``<engine>-<version>`` folder instead, its rows labelled ``engines[0]``."""
     parts = []
-    for engine, folder in engine_folders(gpu).items():
-        if engines is not None and engine not in engines:
+    sources = ({engines[0] if engines else Path(folder).name.split("-")[0]: None} if folder is not None
+               else engine_folders(gpu))
+    for engine in sources:
+        if folder is None and engines is not None and engine not in engines:
             continue
-        t = read_table(gpu, folder, "gemm_perf")
+        t = _table(gpu, engine, "gemm_perf", folder)
         parts.append(pd.DataFrame({
             "engine": engine, "dtype": t["gemm_dtype"].map({"bfloat16": "bf16", "fp8": "fp8"}).to_numpy(),
             "m": t["m"].to_numpy(np.float64), "n": t["n"].to_numpy(np.float64), "k": t["k"].to_numpy(np.float64),
             "time_s": t["latency"].to_numpy(np.float64) * 1e-3}))
     f = pd.concat(parts, ignore_index=True)
     f["shape"] = f["n"].astype(int).astype(str) + "x" + f["k"].astype(int).astype(str)
-    f["in_range"] = (f["n"] >= GEMM_MIN_NK) & (f["k"] >= GEMM_MIN_NK)
+    f["in_range"] = (f["n"] >= GEMM_MIN_NK) & (f["k"] >= GEMM_MIN_NK) & (f["m"] <= GEMM_MAX_M)
     return f
 
 
@@ -160,32 +261,34 @@ def _attention_common(t: pd.DataFrame, engine: str) -> pd.DataFrame:
     })
 
 
-def prefill_frame(gpu: str, engine: str) -> pd.DataFrame:
+def prefill_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame:
     """Context-attention rows: ``seqs`` sequences of ``chunk`` tokens, no cached prefix (``ctx`` 0)."""
-    t = read_table(gpu, engine_folders(gpu)[engine], "context_attention_perf")
+    t = _table(gpu, engine, "context_attention_perf", folder)
     f = _attention_common(t, engine)
     f.insert(2, "chunk", t["isl"].to_numpy(np.float64))
     f.insert(3, "ctx", 0.0)
     return f
 
 
-def decode_frame(gpu: str, engine: str) -> pd.DataFrame:
+def decode_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame:
     """Generation-attention rows: ``seqs`` sequences with ``step`` cached tokens each plus the new one;
     ``kv_tokens`` = seqs (step + 1), the KV the step reads."""
-    t = read_table(gpu, engine_folders(gpu)[engine], "generation_attention_perf")
+    t = _table(gpu, engine, "generation_attention_perf", folder)
     f = _attention_common(t, engine)
     f.insert(2, "step", t["step"].to_numpy(np.float64))
     f.insert(3, "kv_tokens", f["seqs"] * (t["step"].to_numpy(np.float64) + 1.0))
     return f
 
 
-def allreduce_frame(gpu: str, engine: str) -> pd.DataFrame:
-    """The engine's all-reduce rows: ``n`` GPUs, ``nbytes`` per GPU (bf16 elements x 2), ``eager``."""
-    t = read_table(gpu, engine_folders(gpu)[engine], "custom_allreduce_perf")
+def allreduce_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame:
+    """The engine's all-reduce rows: ``n`` GPUs, ``nbytes`` per GPU (bf16 elements x 2), ``eager``
+    (``kernel_source`` ending in ``eager``; a table without the column is all under a graph)."""
+    t = _table(gpu, engine, "custom_allreduce_perf", folder)
+    source = t["kernel_source"] if "kernel_source" in t.columns else pd.Series([""] * len(t))
     return pd.DataFrame({
         "engine": engine, "n": t["num_gpus"].to_numpy(np.float64),
         "nbytes": t["message_size"].to_numpy(np.float64) * 2.0,
-        "eager": t["kernel_source"].astype(str).str.lower().str.endswith("eager").to_numpy(),
+        "eager": source.astype(str).str.lower().str.endswith("eager").to_numpy(),
         "time_s": t["latency"].to_numpy(np.float64) * 1e-3,
     })
 
@@ -198,14 +301,16 @@ def nccl_frame(gpu: str) -> pd.DataFrame:
                          "time_s": t["latency"].to_numpy(np.float64) * 1e-3})
 
 
-def moe_frame(gpu: str, engine: str) -> pd.DataFrame | None:
+def moe_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame | None:
     """Fused-MoE rows (balanced router) or None where the GPU's table has none: per GPU
     ``assignments`` = tokens top_k / EP, ``touched`` = balanced_experts_nb(assignments, E / EP),
     ``inter`` = intermediate / TP; ``shape`` (hidden/inter/experts/topk) is the held-out group."""
-    path = aiconfigurator_dir() / gpu / engine_folders(gpu)[engine] / "moe_perf.csv.gz"
-    if not path.is_file():
+    where = Path(folder) if folder is not None else aiconfigurator_dir() / gpu / engine_folders(gpu)[engine]
+    if table_file(where, "moe_perf") is None:
         return None
-    t = pd.read_csv(path)
+    t = _formula_rows(read_folder_table(where, "moe_perf"), "moe_perf")
+    if t.empty:
+        return None
     tokens = t["num_tokens"].to_numpy(np.float64)
     topk = t["topk"].to_numpy(np.float64)
     experts = t["num_experts"].to_numpy(np.float64)
@@ -505,9 +610,10 @@ def fit_launch(frame: pd.DataFrame, hw, gemm: dict) -> dict:
 
 
 __all__ = ["ALLREDUCE_PARAMS", "BOUNDS", "DECODE_PARAMS", "ENGINES", "GEMM_FP8_PARAMS", "GEMM_PARAMS", "GPUS",
-           "LAUNCH_PARAMS", "MOE_FP8_PARAMS", "MOE_PARAMS", "MOE_SHARED_PARAMS", "NCCL_PARAMS", "PREFILL_PARAMS", "aiconfigurator_dir",
+           "LAUNCH_PARAMS", "MOE_FP8_PARAMS", "MOE_PARAMS", "MOE_SHARED_PARAMS", "NCCL_PARAMS", "PREFILL_PARAMS",
+           "ROW_FILTERS", "TABLE_COLUMNS", "aiconfigurator_dir",
            "allreduce_frame", "bounds_hit", "cross_validate", "decode_frame", "fit_allreduce", "fit_decode",
            "fit_gemm", "fit_gemm_fp8", "fit_launch", "fit_moe", "fit_nccl", "fit_params", "fit_prefill",
            "gemm_frame", "group_folds", "moe_frame", "nccl_frame", "nccl_profile_params", "predict_allreduce",
            "predict_decode", "predict_gemm", "predict_moe", "predict_nccl", "predict_prefill", "prefill_frame",
-           "read_table"]
+           "read_folder_table", "read_table", "table_file"]

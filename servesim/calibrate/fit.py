@@ -1,6 +1,14 @@
-"""`servesim calibrate`: fit a hardware profile's efficiencies to a user's measurements, write a new profile.
+"""`servesim calibrate`: fit a hardware profile's efficiencies and an engine profile's kernel and host
+keys to a user's measurements, and write new profiles.
 
-Inputs (any mix; at least one):
+Two outputs, each from its own inputs (any mix; at least one input):
+
+- the **hardware profile** (``-o``): ``--operators`` (GEMM, elementwise, copy, collective timings)
+  and ``--training``;
+- the **engine profile** (``--engine-output``, a copy of ``--engine``): ``--aiconfigurator`` (the
+  engine's per-kernel tables, fitted by ``engine_fit``) and ``--serving`` (the engine's host keys).
+
+Hardware inputs:
 
 - **per-operator timings** (``--operators``, files or folders, searched recursively):
 
@@ -19,11 +27,16 @@ Inputs (any mix; at least one):
     ``time_us`` is the median time of one call in microseconds. Optional columns: ``model`` (the
     group held out in the leave-one-group-out check; default the GEMM's ``k x n``), ``gpu``. Rows with
     any other ``op`` (e.g. attention) are skipped with a warning.
+- **training step times** (``--training``): the shipped training CSV layout
+  (``servesim/calibrate/data/training_published_calibration.csv``).
+
+Engine inputs:
+
+- **AIConfigurator tables** (``--aiconfigurator``): see ``servesim.calibrate.engine_fit``;
 - **end-to-end serving results** (``--serving``): the shipped CSV layout
   (``servesim/calibrate/data/inference_published_calibration.csv``) or the JSON that vLLM's
   ``benchmarks/benchmark_serving.py --save-result`` writes (model / TP / hardware from CLI options);
-- **training step times** (``--training``): the shipped training CSV layout
-  (``servesim/calibrate/data/training_published_calibration.csv``).
+  rows of another engine than ``--engine`` are skipped.
 
 What is fitted, each with ``scipy.optimize.least_squares`` on log(pred / measured) inside physical
 bounds, by the fit functions of ``operators``, ``serving`` and ``training`` (not re-derived here):
@@ -32,9 +45,12 @@ copy (``norm_hbm_fraction``, ``rope_hbm_fraction``, ``activation_hbm_fraction`` 
 present, ``elementwise_latency_us``; copies stream at ``hbm_fraction``, fitted here only without GEMM
 rows), scale-up collectives (all-reduce: ``scaleup_bw_fraction``, ``scaleup_latency_us``,
 ``collective_base_latency_us``; send-recv: ``p2p_bw_fraction``, ``p2p_latency_us``,
-``p2p_large_bw_fraction`` where rows lie above ``p2p_large_message_mib``), engine (``iteration_overhead_us``,
-``per_seq_overhead_us``, ``attn_decode_hbm_fraction``, with the operator-fitted values held fixed) and
-training (``compute_scale``, ``overlap``: not profile keys, reported only).
+``p2p_large_bw_fraction`` where rows lie above ``p2p_large_message_mib``) and training
+(``compute_scale``, ``overlap``: not profile keys, reported only) into the hardware profile; the
+engine's kernel keys (``engine_fit``) and its end-to-end keys (``serving.FIT_KEYS``: host time per
+step and per sequence, graph overlap; every other value held fixed, the kernel keys just fitted
+included) into the engine profile's ``[hardware.<gpu>]`` table, ``<gpu>`` being ``-o``'s stem when
+a hardware profile is written in the same call, else ``--profile``'s name.
 """
 from __future__ import annotations
 
@@ -48,6 +64,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from servesim.calibrate import engine_fit as ef
 from servesim.calibrate import operators as ops
 from servesim.calibrate import serving as srv
 from servesim.calibrate.profile_io import EFFICIENCY_FILE_KEYS, derived_profile
@@ -65,9 +82,8 @@ TRAINING_COLUMNS = ("framework", "model", "hardware", "num_gpus", "tp", "pp", "d
                     "recompute", "precision", "seq_len", "micro_batch", "global_batch", "metric", "value")
 VLLM_METRICS = {"mean_ttft_ms": "ttft_ms_mean", "mean_itl_ms": "itl_ms_mean",
                 "request_throughput": "achieved_request_throughput", "output_throughput": "total_output_tokens_per_s"}
-_SERVING_FILE = {k: (f, m) for f, (k, m) in EFFICIENCY_FILE_KEYS.items() if k in srv.FIT_KEYS}
-_SERVING_BOUNDS = {"iteration_overhead_s": (1e-5, 0.02), "per_seq_overhead_s": (0.0, 2e-4),
-                   "attn_decode_hbm_fraction": (0.05, 1.0)}  # as servesim.calibrate.serving._BOUNDS
+HARDWARE_INPUTS = "--operators / --training"
+ENGINE_INPUTS = "--aiconfigurator / --serving"
 
 
 @dataclass
@@ -78,6 +94,19 @@ class OperatorData:
     collectives: list = field(default_factory=list)  # collective, nbytes, num_workers, time_s, group, source
     skipped: list = field(default_factory=list)      # messages
     files: list = field(default_factory=list)
+
+
+@dataclass
+class EngineResult:
+    engine: str                  # base engine profile name
+    base_path: str               # its file
+    table: str                   # the [hardware.<table>] written
+    base_note: str               # which of the base's tables the base values come from
+    values: dict                 # fitted keys, file units
+    base_values: dict            # the base values of every FIT_KEYS key for the GPU, file units
+    fitted: list                 # what was fitted, "class (n rows)"
+    kept: list                   # what kept the base values, and why
+    inputs: list
 
 
 @dataclass
@@ -92,6 +121,9 @@ class FitResult:
     notes: list
     inputs: list
     training_fit: dict | None = None
+    output: str | None = None            # hardware profile to write (-o)
+    engine_output: str | None = None     # engine profile to write (--engine-output)
+    engine: EngineResult | None = None
 
 
 def _show(path) -> str:
@@ -459,17 +491,17 @@ def _fit_memory(data: OperatorData, hw, params: dict, warn, res, hold, holdout):
     return fitted, w, pred
 
 
-def _serving_base(hw, values: dict) -> dict:
-    """Efficiency fields (SI) held fixed in the engine fit: the base profile's, with operator fits applied."""
-    e = hw.efficiency
-    base = {f: getattr(e, f) for f, _ in EFFICIENCY_FILE_KEYS.values() if f not in srv.FIT_KEYS}
-    for key, v in values.items():
-        f, mult = EFFICIENCY_FILE_KEYS[key]
-        base[f] = v / mult
-    return base
+def _row_family(text: str) -> str:
+    t = str(text).lower()
+    return "vllm" if t.startswith("vllm") else "sglang" if t.startswith("sglang") else "trtllm"
 
 
-def fit_serving_rows(df: pd.DataFrame, hw, values: dict, holdout: bool = True):
+def fit_serving_rows(df: pd.DataFrame, hw, engine, hw_values: dict, kernel_values: dict, holdout: bool = True):
+    """The engine's end-to-end keys (``serving.FIT_KEYS``) on the serving rows measured on ``hw``
+    with ``engine``'s family, each row simulated with the base engine profile ``engine`` (the kernel
+    keys ``kernel_values`` applied, file units) on ``hw`` (the operator-fitted ``hw_values`` applied).
+    Returns fitted values (file units), residual frame, hold-out rows, warnings, rows simulated."""
+    from servesim.config.hardware import with_efficiency
     warn = []
     try:
         names = df["hardware"].map(srv.hardware_name)
@@ -482,19 +514,34 @@ def fit_serving_rows(df: pd.DataFrame, hw, values: dict, holdout: bool = True):
     if other.any():
         warn.append(f"serving: skipped {int(other.sum())} row(s) measured on {', '.join(sorted(set(names[other])))} "
                     f"(base profile is {hw.name})")
-    rows = df[~other].reset_index(drop=True)
-    base = _serving_base(hw, values)
-    start = {k: getattr(hw.efficiency, k) for k in srv.FIT_KEYS}
-    (fitted, pred), w = _capture(srv.fit_engine, rows, hw.name, start, base)
+    fam = ef.family(engine.name)
+    row_fam = df["engine"].map(_row_family)
+    foreign = (row_fam != fam) & ~other if fam else pd.Series(False, index=df.index)
+    if foreign.any():
+        if (~other & ~foreign).sum() == 0:
+            found = ", ".join(sorted(set(row_fam[foreign])))
+            raise ConfigError(f"--serving: no row measured with {fam} (the rows are {found}); pass --engine "
+                              f"{found.split(', ')[0]} to fit that engine")
+        warn.append(f"serving: skipped {int(foreign.sum())} row(s) measured with another engine than {fam} "
+                    f"({', '.join(sorted(set(row_fam[foreign])))})")
+    rows = df[~other & ~foreign].reset_index(drop=True)
+    hw_fit = with_efficiency(hw, **{EFFICIENCY_FILE_KEYS[k][0]: v / EFFICIENCY_FILE_KEYS[k][1]
+                                    for k, v in hw_values.items()})
+    profiles = {"hardware_profiles": {hw.name: hw_fit}, "engine_profiles": {"vllm": engine, "trtllm": engine}}
+    base = ef.si_values(kernel_values)
+    current = engine.fit_for(hw)
+    start = {k: max(getattr(current, k), 1e-4) if k != "graph_overlap" else getattr(current, k) for k in srv.FIT_KEYS}
+    bounds = {k: srv._BOUNDS[k] for k in srv.FIT_KEYS}
+    (fitted, pred), w = _capture(lambda *a: srv.fit_engine(*a, **profiles), rows, hw.name, start, base)
     warn += w
     ok = pred.dropna(subset=["predicted"])
     if ok.empty:
         raise ConfigError("serving: no row could be simulated (every setup infeasible); no profile written")
 
     def pred_fn(p):
-        return srv.predict(ok, {hw.name: {**base, **p}}).predicted.to_numpy()
+        return srv.predict(ok, {hw.name: {**base, **p}}, **profiles).predicted.to_numpy()
 
-    _check_fit("serving", fitted, _SERVING_BOUNDS, pred_fn, warn, "the measurements look 1000x too large "
+    _check_fit("serving", fitted, bounds, pred_fn, warn, "the measurements look 1000x too large "
                "(TTFT/ITL in microseconds, or throughput per ms?)", "the measurements look 1000x too small "
                "(TTFT/ITL in seconds rather than ms?)", ok.predicted.to_numpy(), ok.value.to_numpy())
     group_col = "model" if rows["model"].nunique() > 1 else "tp"
@@ -509,16 +556,18 @@ def fit_serving_rows(df: pd.DataFrame, hw, values: dict, holdout: bool = True):
         for g in groups:
             held = rows[group_col].astype(str) == g
             try:
-                f, _ = _quiet(srv.fit_engine, rows[~held], hw.name, start, base)
+                f, _ = _quiet(lambda *a: srv.fit_engine(*a, **profiles), rows[~held], hw.name, start, base)
             except ConfigError as e:
                 hold.append({"kind": "serving", "held_out": f"{group_col} {g}", "n": int(held.sum()),
                              "median_rel_err": np.nan, "p90_rel_err": np.nan, "note": str(e)})
                 continue
-            err = srv.predict(rows[held], {hw.name: {**base, **f}}).rel_error.abs().dropna()
+            err = srv.predict(rows[held], {hw.name: {**base, **f}}, **profiles).rel_error.abs().dropna()
             hold.append({"kind": "serving", "held_out": f"{group_col} {g}", "n": int(err.size),
                          "median_rel_err": float(err.median()), "p90_rel_err": float(err.quantile(0.9)), "note": ""})
-    file_values = {_SERVING_FILE[k][0]: v * _SERVING_FILE[k][1] for k, v in fitted.items()}
-    return file_values, r, hold, warn
+    from servesim.config.engine import FIT_KEYS
+    key_of = {fld: key for key, fld, _ in FIT_KEYS}
+    file_values = {key_of[k]: v * (1e6 if key_of[k].endswith("_us") else 1.0) for k, v in fitted.items()}
+    return file_values, r, hold, warn, len(ok)
 
 
 def fit_training_rows(cases, hw, holdout: bool = True):
@@ -583,14 +632,50 @@ def check_output(output, force: bool) -> Path:
     return out
 
 
-def calibrate(profile: str, output, operators=(), serving=(), training=None, model=None, tp: int = 1,
-              hardware=None, precision: str = "BF16", force: bool = False, holdout: bool = True) -> FitResult:
-    """Fit, check and return the result; ``write_outputs`` writes the profile and the report."""
+def check_options(output, engine_output, engine, operators, serving, training, aiconfigurator, force: bool) -> None:
+    """Which inputs go with which output; every bad combination is one ConfigError naming the option."""
+    hw_in = bool(operators or training)
+    eng_in = bool(serving or aiconfigurator)
+    if not hw_in and not eng_in:
+        raise ConfigError(f"give at least one input: {HARDWARE_INPUTS} (a hardware profile, -o) or "
+                          f"{ENGINE_INPUTS} (an engine profile, --engine-output)")
+    if hw_in and not output:
+        raise ConfigError(f"-o/--output is required with {HARDWARE_INPUTS}: the hardware profile to write, "
+                          f"e.g. -o my-h100.toml")
+    if eng_in and not engine_output:
+        raise ConfigError(f"--engine-output is required with {ENGINE_INPUTS}: the engine profile to write, "
+                          f"e.g. --engine-output my-vllm.toml")
+    if output and not hw_in:
+        raise ConfigError(f"-o/--output {output}: writes a hardware profile fitted from {HARDWARE_INPUTS}, and "
+                          f"none is given; {ENGINE_INPUTS} write --engine-output")
+    if engine_output and not eng_in:
+        raise ConfigError(f"--engine-output {engine_output}: writes an engine profile fitted from {ENGINE_INPUTS}, "
+                          f"and none is given; {HARDWARE_INPUTS} write -o")
+    if engine is not None and not eng_in:
+        raise ConfigError(f"--engine {engine}: names the base engine profile of {ENGINE_INPUTS}; give one of them "
+                          f"or drop --engine")
+    if output and engine_output and Path(output).resolve() == Path(engine_output).resolve():
+        raise ConfigError(f"-o and --engine-output both name {output}; write the two profiles to two files")
+    if output:
+        check_output(output, force)
+    if engine_output:
+        ef.check_engine_output(engine_output, force)
+
+
+def calibrate(profile: str, output=None, operators=(), serving=(), training=None, model=None, tp: int = 1,
+              hardware=None, precision: str = "BF16", force: bool = False, holdout: bool = True,
+              aiconfigurator=None, engine=None, engine_output=None) -> FitResult:
+    """Fit, check and return the result; ``write_outputs`` writes the profiles and the report.
+
+    ``output``: the hardware profile to write (from ``operators`` / ``training``); ``engine_output``:
+    the engine profile to write (from ``aiconfigurator`` / ``serving``, on top of ``engine``, default
+    ``vllm``)."""
     from servesim.config import load_hardware
-    if not operators and not serving and not training:
-        raise ConfigError("give at least one of --operators, --serving, --training")
-    check_output(output, force)
+    from servesim.config.engine import load_engine
+    check_options(output, engine_output, engine, operators, serving, training, aiconfigurator, force)
     hw = load_hardware(profile)
+    eng = load_engine(engine or "vllm") if engine_output else None
+    folder = ef.resolve_folder(aiconfigurator, eng.name) if aiconfigurator else None
     values, res, hold, warn, notes, inputs = {}, [], [], [], [], []
     tfit = None
     if operators:
@@ -598,42 +683,92 @@ def calibrate(profile: str, output, operators=(), serving=(), training=None, mod
         inputs += data.files
         v, r, h, w = fit_operators(data, hw, holdout)
         values.update(v)
-        res += r
-        hold += h
-        warn += w
-    if serving:
-        df = read_serving_inputs(serving, model, tp, hardware or hw.name, precision)
-        inputs += sorted(set(df["source"]))
-        v, r, h, w = fit_serving_rows(df, hw, values, holdout)
-        values.update(v)
-        res.append(r)
-        hold += h
+        res += [f.assign(profile="hardware") for f in r]
+        hold += [{**x, "profile": "hardware"} for x in h]
         warn += w
     if training:
         cases = read_training_inputs(training)
         inputs.append(_show(training))
         tfit, r, h, w = fit_training_rows(cases, hw, holdout)
-        res.append(r)
-        hold += h
+        res.append(r.assign(profile="hardware"))
+        hold += [{**x, "profile": "hardware"} for x in h]
         warn += w
         notes.append(f"training: compute_scale = {tfit['compute_scale']:.4f}, overlap = {tfit['overlap']:.4f} "
                      f"(servesim.training.params.TrainingFit; not a profile key, so not written to the profile; "
                      f"the training rows are priced on the shipped profile named in each row)")
+    eng_result = None
+    if eng is not None:
+        base_fit = eng.fit_for(hw)
+        base_values = ef.file_values(base_fit)
+        eng_values, fitted, kept, eng_inputs = {}, [], [], []
+        if folder is not None:
+            kf = ef.fit_kernels(folder, hw, base_values, ef.family(eng.name) or eng.name, holdout)
+            eng_values.update(kf.values)
+            fitted += kf.fitted
+            kept += kf.kept
+            eng_inputs.append(kf.folder)
+            res.append(kf.residuals.assign(profile="engine"))
+            hold += [{**x, "profile": "engine"} for x in kf.holdout]
+            warn += kf.warnings
+        else:
+            kept.append("kernel keys: no --aiconfigurator tables")
+        if serving:
+            df = read_serving_inputs(serving, model, tp, hardware or hw.name, precision)
+            eng_inputs += sorted(set(df["source"]))
+            v, r, h, w, n = fit_serving_rows(df, hw, eng, values, eng_values, holdout)
+            eng_values.update(v)
+            fitted.append(f"{', '.join(v)} ({n} serving rows)")
+            res.append(r.assign(profile="engine"))
+            hold += [{**x, "profile": "engine"} for x in h]
+            warn += w
+        from servesim.config.engine import FIT_KEYS
+        rest = [k for k, _, _ in FIT_KEYS if k not in eng_values and not k.startswith(
+            ("gemm_", "attn_", "allreduce_", "moe_"))]
+        if rest:
+            kept.append(f"{', '.join(rest)}: not given by these inputs")
+        table = Path(output).stem if output else hw.name
+        eng_result = EngineResult(engine=eng.name, base_path=str(eng.path), table=table,
+                                  base_note=f"{eng.name}'s {base_fit.fitted_on} table", values=eng_values,
+                                  base_values=base_values, fitted=fitted, kept=kept, inputs=eng_inputs)
+        inputs += eng_inputs
     pp = ops.profile_params(hw)
     base_values = {k: (pp[k] if k in pp else getattr(hw.efficiency, EFFICIENCY_FILE_KEYS[k][0])
                        * EFFICIENCY_FILE_KEYS[k][1]) for k in values}
-    residuals = pd.concat(res, ignore_index=True) if res else pd.DataFrame(
-        columns=["kind", "group", "label", "source", "measured", "predicted", "rel_error"])
-    holdout_df = pd.DataFrame(hold, columns=["kind", "held_out", "n", "median_rel_err", "p90_rel_err", "note"])
-    return FitResult(profile=hw.name, base_path=str(hw.path), values=values, base_values=base_values, residuals=residuals,
-                     holdout=holdout_df, warnings=warn, notes=notes, inputs=inputs, training_fit=tfit)
+    cols = ["profile", "kind", "group", "label", "source", "measured", "predicted", "rel_error"]
+    residuals = pd.concat(res, ignore_index=True)[cols] if res else pd.DataFrame(columns=cols)
+    holdout_df = pd.DataFrame(hold, columns=["profile", "kind", "held_out", "n", "median_rel_err", "p90_rel_err",
+                                             "note"])
+    return FitResult(profile=hw.name, base_path=str(hw.path), values=values, base_values=base_values,
+                     residuals=residuals, holdout=holdout_df, warnings=warn, notes=notes, inputs=inputs,
+                     training_fit=tfit, output=str(output) if output else None,
+                     engine_output=str(engine_output) if engine_output else None, engine=eng_result)
+
+
+def _files(paths) -> str:
+    return ", ".join(Path(p).name for p in paths[:6]) + (" ..." if len(paths) > 6 else "")
+
+
+def _clean_source(text: str) -> str:
+    return text.replace('"', "'").replace("\\", "/").replace("\n", " ")
 
 
 def fit_source(result: FitResult, report_dir: Path) -> str:
-    files = ", ".join(Path(p).name for p in result.inputs[:6]) + (" ..." if len(result.inputs) > 6 else "")
-    kinds = ", ".join(f"{k} ({n} rows)" for k, n in result.residuals["kind"].value_counts(sort=False).items())
-    text = f"servesim calibrate from {result.profile} on {files}: {kinds}; report {Path(report_dir).name}/report.md"
-    return text.replace('"', "'").replace("\\", "/")
+    """The hardware profile's fit_source: its inputs and kinds of rows."""
+    own = result.residuals[result.residuals["profile"] == "hardware"]
+    eng_inputs = set(result.engine.inputs) if result.engine else set()
+    files = _files([p for p in result.inputs if p not in eng_inputs])
+    kinds = ", ".join(f"{k} ({n} rows)" for k, n in own["kind"].value_counts(sort=False).items())
+    return _clean_source(f"servesim calibrate from {result.profile} on {files}: {kinds}; "
+                         f"report {Path(report_dir).name}/report.md")
+
+
+def engine_fit_source(result: FitResult, report_dir: Path) -> str:
+    """The engine table's fit_source: what was fitted on which inputs, and what kept the base values."""
+    e = result.engine
+    text = (f"servesim calibrate from {e.base_note} on {result.profile} with {_files(e.inputs)}: fitted "
+            f"{', '.join(e.fitted)}; kept from {e.base_note}: {'; '.join(e.kept) or 'nothing'}; "
+            f"report {Path(report_dir).name}/report.md")
+    return _clean_source(text)
 
 
 def profile_text(result: FitResult, output, report_dir=None) -> str:
@@ -650,13 +785,23 @@ def profile_text(result: FitResult, output, report_dir=None) -> str:
     return text
 
 
+def engine_text(result: FitResult, report_dir) -> str:
+    """The new engine profile's text (a copy of the base engine profile named by ``--engine-output``'s
+    stem, its ``[hardware.<table>]`` holding the fitted values over the base ones), checked by loading."""
+    e = result.engine
+    values = {**e.base_values, **e.values}
+    return ef.engine_profile_text(e.base_path, Path(result.engine_output).stem, e.table, values,
+                                  engine_fit_source(result, Path(report_dir)))
+
+
 def default_report_dir(output) -> Path:
     return Path(output).with_name(f"{Path(output).stem}-fit")
 
 
 def summary(residuals: pd.DataFrame) -> pd.DataFrame:
-    e = residuals.assign(abs_err=residuals["rel_error"].abs())
-    g = e.groupby("kind", sort=False)["abs_err"]
+    """n, median and p90 |relative error| per profile and kind of row."""
+    e = residuals.assign(abs_err=residuals["rel_error"].abs().astype(float))
+    g = e.groupby(["profile", "kind"], sort=False)["abs_err"]
     return pd.DataFrame({"n": g.size(), "median_rel_err": g.median(), "p90_rel_err": g.quantile(0.9)}).reset_index()
 
 
@@ -664,26 +809,47 @@ def _pct(v) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
 
 
-def report_markdown(result: FitResult, output: Path, command: str) -> str:
-    bounds = {**ops.BOUNDS, "iteration_overhead_us": (10.0, 20000.0), "per_seq_overhead_us": (0.0, 200.0),
-              "attn_decode_hbm_fraction": (0.05, 1.0)}
-    lines = [f"# Calibration of `{output.stem}` (from `{result.profile}`)", "",
-             f"Regenerate: `{command}`", "", "Inputs: " + ", ".join(f"`{p}`" for p in result.inputs), "",
-             "## Fitted parameters", "", "| key | base | fitted | bounds |", "|---|---:|---:|---|"]
-    for k, v in result.values.items():
-        lo, hi = bounds.get(k, ("", ""))
-        lines.append(f"| {k} | {result.base_values[k]:.4g} | {v:.4g} | [{lo:g}, {hi:g}] |")
-    lines += ["", "## Error |predicted / measured - 1|", "", "| rows | n | median | p90 |", "|---|---:|---:|---:|"]
+def report_markdown(result: FitResult, command: str) -> str:
+    """The fit report: fitted values of each profile, in-sample and held-out errors, warnings."""
+    from servesim.config.engine import FIT_KEYS
+    key_of = {fld: key for key, fld, _ in FIT_KEYS}
+    host = {key_of[k]: (lo * 1e6, hi * 1e6) if key_of[k].endswith("_us") else (lo, hi)
+            for k, (lo, hi) in srv._BOUNDS.items()}
+
+    def bound(key, table):
+        lo, hi = table.get(key, (math.nan, math.nan))
+        return "-" if lo != lo else f"[{lo:g}, {hi:g}]"
+    names = [Path(p).stem for p in (result.output, result.engine_output) if p]
+    lines = [f"# Calibration of {' and '.join(f'`{n}`' for n in names)} (from `{result.profile}`"
+             + (f", engine `{result.engine.engine}`)" if result.engine else ")"), "",
+             f"Regenerate: `{command}`", "", "Inputs: " + ", ".join(f"`{p}`" for p in result.inputs), ""]
+    if result.output:
+        lines += [f"## Fitted parameters: hardware profile `{Path(result.output).name}`", "",
+                  "| key | base | fitted | bounds |", "|---|---:|---:|---|"]
+        for k, v in result.values.items():
+            lines.append(f"| {k} | {result.base_values[k]:.4g} | {v:.4g} | {bound(k, ops.BOUNDS)} |")
+        lines.append("")
+    if result.engine:
+        e = result.engine
+        lines += [f"## Fitted parameters: engine profile `{Path(result.engine_output).name}` "
+                  f"`[hardware.{e.table}]`", "", f"Base values: {e.base_note} (`{e.engine}` on {result.profile}).", "",
+                  "| key | base | fitted | bounds |", "|---|---:|---:|---|"]
+        for k, v in e.values.items():
+            lines.append(f"| {k} | {e.base_values[k]:.4g} | {v:.4g} | {bound(k, {**ef.ek.BOUNDS, **host})} |")
+        lines += ["", "Fitted: " + "; ".join(e.fitted) + ".", "",
+                  "Kept from the base: " + ("; ".join(e.kept) or "nothing") + ".", ""]
+    lines += ["## Error |predicted / measured - 1| (fitted rows)", "", "| profile | rows | n | median | p90 |",
+              "|---|---|---:|---:|---:|"]
     for r in summary(result.residuals).itertuples():
-        lines.append(f"| {r.kind} | {r.n} | {_pct(r.median_rel_err)} | {_pct(r.p90_rel_err)} |")
-    lines += ["", "## Leave-one-group-out (refit without the group, predict it)", ""]
+        lines.append(f"| {r.profile} | {r.kind} | {r.n} | {_pct(r.median_rel_err)} | {_pct(r.p90_rel_err)} |")
+    lines += ["", "## Leave-one-group-out and k-fold by group (refit without the group, predict it)", ""]
     if result.holdout.empty:
         lines.append("Not available: each kind of input has a single group (one model / layout).")
     else:
-        lines += ["| rows | held out | n | median | p90 | note |", "|---|---|---:|---:|---:|---|"]
+        lines += ["| profile | rows | held out | n | median | p90 | note |", "|---|---|---|---:|---:|---:|---|"]
         for r in result.holdout.itertuples():
-            lines.append(f"| {r.kind} | {r.held_out} | {r.n} | {_pct(r.median_rel_err)} | {_pct(r.p90_rel_err)} | "
-                         f"{r.note} |")
+            lines.append(f"| {r.profile} | {r.kind} | {r.held_out} | {r.n} | {_pct(r.median_rel_err)} | "
+                         f"{_pct(r.p90_rel_err)} | {r.note} |")
     lines += ["", "## Warnings", ""] + ([f"- {w}" for w in result.warnings] or ["None."])
     if result.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
@@ -691,20 +857,28 @@ def report_markdown(result: FitResult, output: Path, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(result: FitResult, output, report_dir=None, command: str = "servesim calibrate") -> Path:
-    """Write the report (report.md, residuals.csv, holdout.csv) and then the profile. Returns the report dir."""
-    output = Path(output)
-    rep = Path(report_dir) if report_dir else default_report_dir(output)
-    text = profile_text(result, output, rep)
+def write_outputs(result: FitResult, output=None, report_dir=None, command: str = "servesim calibrate") -> Path:
+    """Write the report (report.md, residuals.csv, holdout.csv) and then the profiles (``result.output``,
+    ``result.engine_output``; ``output`` overrides the first). Both texts are built and loaded before
+    anything is written. Returns the report dir (default ``<stem>-fit`` of -o, else of --engine-output)."""
+    if output is not None:
+        result.output = str(output)
+    first = result.output or result.engine_output
+    rep = Path(report_dir) if report_dir else default_report_dir(first)
+    hw_text = profile_text(result, result.output, rep) if result.output else None
+    eng_text = engine_text(result, rep) if result.engine else None
     rep.mkdir(parents=True, exist_ok=True)
     result.residuals.to_csv(rep / "residuals.csv", index=False)
     result.holdout.to_csv(rep / "holdout.csv", index=False)
-    (rep / "report.md").write_text(report_markdown(result, output, command))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
+    (rep / "report.md").write_text(report_markdown(result, command))
+    for path, text in ((result.output, hw_text), (result.engine_output, eng_text)):
+        if path and text is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
     return rep
 
 
-__all__ = ["FitResult", "OperatorData", "calibrate", "check_output", "fit_operators", "fit_serving_rows",
-           "fit_training_rows", "profile_text", "read_native", "read_operator_inputs", "read_serving_inputs",
-           "read_training_inputs", "read_vllm_json", "report_markdown", "summary", "write_outputs"]
+__all__ = ["EngineResult", "FitResult", "OperatorData", "calibrate", "check_options", "check_output",
+           "engine_fit_source", "engine_text", "fit_operators", "fit_serving_rows", "fit_training_rows",
+           "profile_text", "read_native", "read_operator_inputs", "read_serving_inputs", "read_training_inputs",
+           "read_vllm_json", "report_markdown", "summary", "write_outputs"]

@@ -1,10 +1,12 @@
-"""Writing fitted efficiencies into hardware-profile TOML files, keeping their comments and layout.
+"""Writing fitted values into hardware- and engine-profile TOML files, keeping their comments and layout.
 
 ``update_profile`` rewrites the numeric values of some ``[efficiency]`` keys and the ``fit_source``
-line of an existing profile (used by ``experiments/fit_costmodel.py``, ``experiments/validate_serving.py``
-and ``servesim calibrate``); ``derived_profile`` makes the text of a *new* profile from a base one:
-``name`` = the new stem, ``efficiency_from = ""`` and an ``[efficiency]`` table (copied from the
-profile it borrowed from when the base had none) carrying the fitted values.
+line of an existing hardware profile (used by ``experiments/fit_costmodel.py`` and ``servesim
+calibrate``); ``derived_profile`` makes the text of a *new* profile from a base one: ``name`` = the
+new stem, ``efficiency_from = ""`` and an ``[efficiency]`` table (copied from the profile it
+borrowed from when the base had none) carrying the fitted values. ``update_engine_profile``
+replaces or appends an engine profile's ``[hardware.<gpu>]`` table (``experiments/fit_engine_kernels.py``,
+``experiments/validate_serving.py``, ``servesim calibrate --engine-output``).
 """
 from __future__ import annotations
 
@@ -18,17 +20,15 @@ DECIMALS = {"gemm_max": 3, "gemm_half_tokens": 1, "kernel_latency_us": 2, "hbm_f
             "scaleup_bw_fraction": 3, "scaleup_latency_us": 2, "collective_base_latency_us": 2,
             "norm_hbm_fraction": 3, "rope_hbm_fraction": 3, "activation_hbm_fraction": 3,
             "elementwise_latency_us": 2, "p2p_bw_fraction": 3, "p2p_latency_us": 2,
-            "p2p_large_bw_fraction": 3, "p2p_large_message_mib": 1, "iteration_overhead_us": 1, "per_seq_overhead_us": 2,
-            "attn_prefill_max": 3, "attn_decode_hbm_fraction": 3}
+            "p2p_large_bw_fraction": 3, "p2p_large_message_mib": 1, "attn_prefill_max": 3}
 # [efficiency] file key -> (Efficiency field, multiplier from SI to file units), in file order.
 EFFICIENCY_FILE_KEYS = {
     "gemm_max": ("gemm_max", 1.0), "gemm_half_tokens": ("gemm_half_tokens", 1.0),
     "kernel_latency_us": ("kernel_latency_s", 1e6), "hbm_fraction": ("hbm_fraction", 1.0),
-    "attn_prefill_max": ("attn_prefill_max", 1.0), "attn_decode_hbm_fraction": ("attn_decode_hbm_fraction", 1.0),
+    "attn_prefill_max": ("attn_prefill_max", 1.0),
     "scaleup_bw_fraction": ("scaleup_bw_fraction", 1.0), "scaleup_latency_us": ("scaleup_latency_s", 1e6),
     "scaleout_bw_fraction": ("scaleout_bw_fraction", 1.0), "scaleout_latency_us": ("scaleout_latency_s", 1e6),
     "pcie_bw_fraction": ("pcie_bw_fraction", 1.0), "pcie_latency_us": ("pcie_latency_s", 1e6),
-    "iteration_overhead_us": ("iteration_overhead_s", 1e6), "per_seq_overhead_us": ("per_seq_overhead_s", 1e6),
     "norm_hbm_fraction": ("norm_hbm_fraction", 1.0), "rope_hbm_fraction": ("rope_hbm_fraction", 1.0),
     "activation_hbm_fraction": ("activation_hbm_fraction", 1.0),
     "elementwise_latency_us": ("elementwise_latency_s", 1e6),

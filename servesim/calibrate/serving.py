@@ -164,10 +164,12 @@ def error_table(pred: pd.DataFrame, by=("split", "hardware", "metric")) -> pd.Da
                          "p90_rel_error": g.quantile(0.9)}).reset_index()
 
 
-def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None = None) -> tuple[dict, pd.DataFrame]:
+def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None = None,
+               hardware_profiles: dict | None = None, engine_profiles: dict | None = None) -> tuple[dict, pd.DataFrame]:
     """Least-squares fit of FIT_KEYS on log(pred/measured) for one hardware profile's rows.
 
-    ``base``: other Efficiency fields (SI) held fixed during the fit (e.g. freshly fitted GEMM values)."""
+    ``base``: other Efficiency fields (SI) held fixed during the fit (e.g. freshly fitted GEMM values);
+    ``hardware_profiles`` / ``engine_profiles``: in-memory profiles by name, as for ``predict``."""
     from scipy.optimize import least_squares
 
     rows = df[df.hardware.map(hardware_name) == hardware]
@@ -182,7 +184,7 @@ def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None =
 
     def residuals(x):
         over = {hardware: {**(base or {}), **dict(zip(FIT_KEYS, (x * scale).tolist()))}}
-        pr = predict(rows, over)
+        pr = predict(rows, over, hardware_profiles, engine_profiles)
         r = np.log(np.maximum(pr.predicted.to_numpy(), 1e-12) / pr.value.to_numpy())
         return np.nan_to_num(r, nan=5.0)
 
@@ -192,4 +194,4 @@ def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None =
         if v <= a * (1 + 1e-3) or v >= b * (1 - 1e-3):
             warnings.warn(f"fit for {hardware}: {k} sits at its bound ({v * scale[FIT_KEYS.index(k)]:.4g}); "
                           f"the data do not pin it down")
-    return fitted, predict(rows, {hardware: {**(base or {}), **fitted}})
+    return fitted, predict(rows, {hardware: {**(base or {}), **fitted}}, hardware_profiles, engine_profiles)

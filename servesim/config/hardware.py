@@ -47,15 +47,12 @@ _EFFICIENCY_KEYS = (
     ("kernel_latency_us", "kernel_latency_s", "nonneg"),
     ("hbm_fraction", "hbm_fraction", "fraction"),
     ("attn_prefill_max", "attn_prefill_max", "fraction"),
-    ("attn_decode_hbm_fraction", "attn_decode_hbm_fraction", "fraction"),
     ("scaleup_bw_fraction", "scaleup_bw_fraction", "fraction"),
     ("scaleup_latency_us", "scaleup_latency_s", "nonneg"),
     ("scaleout_bw_fraction", "scaleout_bw_fraction", "fraction"),
     ("scaleout_latency_us", "scaleout_latency_s", "nonneg"),
     ("pcie_bw_fraction", "pcie_bw_fraction", "fraction"),
     ("pcie_latency_us", "pcie_latency_s", "nonneg"),
-    ("iteration_overhead_us", "iteration_overhead_s", "nonneg"),
-    ("per_seq_overhead_us", "per_seq_overhead_s", "nonneg"),
     ("norm_hbm_fraction", "norm_hbm_fraction", "fraction"),
     ("rope_hbm_fraction", "rope_hbm_fraction", "fraction"),
     ("activation_hbm_fraction", "activation_hbm_fraction", "fraction"),
@@ -70,6 +67,13 @@ _EFFICIENCY_KEYS = (
 _RENAMED_EFFICIENCY_KEYS = {
     "elementwise_hbm_fraction": "norm_hbm_fraction, rope_hbm_fraction, activation_hbm_fraction and "
                                 "elementwise_latency_us (servesim 0.2: one fraction per kernel kind)",
+    "iteration_overhead_us": "host_step_us in the engine profile, engines/<engine>.toml [hardware.<gpu>] (host "
+                             "time belongs to the engine; servesim calibrate --serving ... --engine-output fits it)",
+    "per_seq_overhead_us": "host_per_seq_us in the engine profile, engines/<engine>.toml [hardware.<gpu>] (host "
+                           "time belongs to the engine; servesim calibrate --serving ... --engine-output fits it)",
+    "attn_decode_hbm_fraction": "attn_decode_hbm_fraction in the engine profile, engines/<engine>.toml "
+                                "[hardware.<gpu>] (attention kernels belong to the engine; servesim calibrate "
+                                "--aiconfigurator ... --engine-output fits it)",
 }
 # File-key unit suffix -> factor to SI (see the module docstring).
 _UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
@@ -91,16 +95,13 @@ class Efficiency:
     gemm_half_tokens: float
     kernel_latency_s: float
     hbm_fraction: float
-    attn_prefill_max: float
-    attn_decode_hbm_fraction: float
+    attn_prefill_max: float           # prefill attention of the training model (servesim/training/step.py)
     scaleup_bw_fraction: float
     scaleup_latency_s: float
     scaleout_bw_fraction: float
     scaleout_latency_s: float
     pcie_bw_fraction: float
     pcie_latency_s: float
-    iteration_overhead_s: float
-    per_seq_overhead_s: float
     norm_hbm_fraction: float          # RMSNorm / LayerNorm kernels (per-token reductions)
     rope_hbm_fraction: float          # rotary embedding of q and k
     activation_hbm_fraction: float    # SiLU-and-multiply / GELU
