@@ -214,12 +214,13 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         chunk_size=cfg.chunk_size, block_size=cfg.block_size, watermark=rc.engine.scheduler.watermark,
         concurrency=cfg.concurrency, duration=cfg.duration if cfg.duration else math.inf,
         warmup_time=cfg.warmup, num_gpu_blocks=cfg.num_gpu_blocks,
+        frontend=rc.engine.fit_for(rc.hw).frontend_s,
     )
     ecfg = engine_config(opts, rc)
     _check_blocks(cfg, ecfg, reqs)
     out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
                      prefix_group=reqs.prefix_group, prefix_len=reqs.prefix_len)
-    df = requests_frame(out, reqs.prompt, reqs.output)
+    df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
     price = cfg.price if cfg.price is not None else hw.usd_per_hour
     from .costmodel.dtypes import compute_dtype
     summary = summarize(df, out, warmup=cfg.warmup, slo=parse_slo(cfg.slo), num_gpus_per_replica=rc.num_gpus,

@@ -41,7 +41,10 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return out
 
 
-def requests_frame(out: K.EngineOutput, prompt, output) -> pd.DataFrame:
+def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0) -> pd.DataFrame:
+    """One row per request. ``arrival_s`` is the client's send time; the engine receives the request
+    ``frontend`` seconds later (``engine_arrival_s``). TTFT and E2E run from the send, queueing from the
+    engine's receipt."""
     status = pd.Categorical.from_codes(out.status, categories=[C.STATUS_NAMES[i] for i in range(6)])
     df = pd.DataFrame({
         "arrival_s": out.arrival, "scheduled_s": out.scheduled, "first_token_s": out.first_token,
@@ -50,10 +53,11 @@ def requests_frame(out: K.EngineOutput, prompt, output) -> pd.DataFrame:
         "replica": out.replica, "status": status, "max_gap_s": out.max_gap,
     })
     df.index.name = "request"
+    df.insert(1, "engine_arrival_s", df.arrival_s + frontend)
     done = out.status == C.DONE
     df["ttft_s"] = np.where(done, df.first_token_s - df.arrival_s, np.nan)
     df["e2e_s"] = np.where(done, df.finish_s - df.arrival_s, np.nan)
-    df["queue_s"] = df.scheduled_s - df.arrival_s
+    df["queue_s"] = df.scheduled_s - df.engine_arrival_s
     multi = done & (df.output_tokens.to_numpy() > 1)
     df["tpot_s"] = np.where(multi, (df.finish_s - df.first_token_s) / np.maximum(df.output_tokens - 1, 1), np.nan)
     return df

@@ -157,7 +157,7 @@ def test_validate_quick_table_and_check(tmp_path):
     rows = pd.read_csv(tmp_path / "v" / "serving_rows.csv")
     assert {"gpu", "metric", "measured", "predicted", "rel_error"} <= set(rows.columns) and len(rows) >= 50
     summary = pd.read_csv(tmp_path / "v" / "summary.csv")
-    assert set(summary["suite"]) == {"serving", "training"}
+    assert set(summary["suite"]) == {"serving", "vllm", "training"}
 
 
 def test_validate_user_csv_check_fails(tmp_path):

@@ -238,6 +238,14 @@ def test_elementwise_bytes_hand_derived():
     e = hw.efficiency
     want = (2 * 16384 / e.norm_hbm_fraction + 32768 / e.rope_hbm_fraction + 66048 / e.activation_hbm_fraction
             + 2 * 24576 / e.hbm_fraction) / hw.hbm_bw
-    p = lower(load_model("llama-2-7b"), hw, Layout(), VLLM)
+    trt = load_engine("trtllm")          # priced unfused
+    p = lower(load_model("llama-2-7b"), hw, Layout(), trt)
     assert p.elem_s_tok_layer == pytest.approx(want) and p.elem_kernels == 6
-    assert p.elem_latency == e.elementwise_latency_s
+    assert p.elem_latency == pytest.approx((1 - trt.fit_for(hw).graph_overlap) * e.elementwise_latency_s)
+    # vLLM fuses each residual add into the next RMSNorm: read x and the residual, write both (8 h bytes)
+    fused = el.layer_kernels(4096, (32 + 32) * 128, 11008, True, fused_add_norm=True)
+    assert fused == [("norm", 4 * 4096 * 2), ("norm", 4 * 4096 * 2), ("rope", 2 * 8192 * 2),
+                     ("activation", (2 * 11008 + 11008) * 2)]
+    p = lower(load_model("llama-2-7b"), hw, Layout(), VLLM)
+    want = (2 * 32768 / e.norm_hbm_fraction + 32768 / e.rope_hbm_fraction + 66048 / e.activation_hbm_fraction) / hw.hbm_bw
+    assert p.elem_s_tok_layer == pytest.approx(want) and p.elem_kernels == 4

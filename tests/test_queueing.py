@@ -50,7 +50,7 @@ def test_md1_mean_wait(rc, rho):
     for seed in SEEDS:
         df = md1_run(rho, seed, S)
         assert (df.status == "done").all()
-        waits.append((df.scheduled_s - df.arrival_s).mean())
+        waits.append((df.scheduled_s - df.engine_arrival_s).mean())   # the engine's queue
         # every request is one iteration of exactly S
         np.testing.assert_array_equal(df.finish_s, df.scheduled_s + S)
     theory = rho * S / (2.0 * (1.0 - rho))
@@ -62,7 +62,7 @@ def test_md1_path_is_lindley(rc):
     """Request by request, start times follow Lindley's recursion on the same arrivals."""
     S = prefill_time(rc.params, 512)
     df = md1_run(0.8, 11, S, n=3000)
-    arrival = df.arrival_s.to_numpy()
+    arrival = df.engine_arrival_s.to_numpy()
     start = lindley(arrival, np.full(arrival.shape, S))
     np.testing.assert_array_equal(df.scheduled_s.to_numpy(), start)
 
@@ -113,7 +113,7 @@ def test_littles_law(rc):
     S = prefill_time(rc.params, 512)
     rho = 0.8
     df = md1_run(rho, 3, S)
-    a = df.arrival_s.to_numpy()
+    a = df.engine_arrival_s.to_numpy()   # the engine as the queueing system
     s = df.scheduled_s.to_numpy()
     f = df.finish_s.to_numpy()
     # over the whole path (empty at both ends) Little's law holds exactly

@@ -63,7 +63,8 @@ TABLES = ("gemm_perf", "context_attention_perf", "generation_attention_perf", "c
           "nccl_perf", "moe_perf")
 HEAD_DIM = 128.0  # every shipped attention row (the subset keeps head_dim 128)
 
-GEMM_PARAMS = ("gemm_max", "gemm_hbm_fraction", "gemm_latency_us", "gemm_splitk_latency_us", "gemm_tile_overhead_k")
+GEMM_PARAMS = ("gemm_max", "gemm_hbm_fraction", "gemm_latency_us", "gemm_splitk_latency_us", "gemm_tile_overhead_k",
+               "gemm_mem_latency_us")
 GEMM_FP8_PARAMS = ("gemm_fp8_max", "gemm_fp8_latency_us")
 PREFILL_PARAMS = ("attn_prefill_max", "attn_prefill_hbm_fraction", "attn_prefill_block_overhead",
                   "attn_prefill_latency_us")
@@ -78,6 +79,7 @@ LAUNCH_PARAMS = ("launch_us",)
 # Physical bounds (file units): fractions of a datasheet figure, microseconds, K steps, key blocks.
 BOUNDS = {
     "gemm_max": (0.05, 1.0), "gemm_hbm_fraction": (0.05, 1.0), "gemm_latency_us": (0.0, 50.0),
+    "gemm_mem_latency_us": (0.0, 30.0),
     "gemm_splitk_latency_us": (0.0, 50.0), "gemm_tile_overhead_k": (0.0, 4096.0),
     "gemm_fp8_max": (0.05, 1.0), "gemm_fp8_latency_us": (0.0, 100.0),
     "attn_prefill_max": (0.05, 1.0), "attn_prefill_hbm_fraction": (0.01, 1.0),
@@ -94,6 +96,7 @@ BOUNDS = {
 }
 START = {
     "gemm_max": 0.85, "gemm_hbm_fraction": 0.8, "gemm_latency_us": 2.5, "gemm_splitk_latency_us": 2.5,
+    "gemm_mem_latency_us": 1.0,
     "gemm_tile_overhead_k": 150.0, "gemm_fp8_max": 0.6, "gemm_fp8_latency_us": 5.0,
     "attn_prefill_max": 0.6, "attn_prefill_hbm_fraction": 0.5, "attn_prefill_block_overhead": 0.5,
     "attn_prefill_latency_us": 10.0, "attn_decode_hbm_fraction": 0.8, "attn_decode_block_us": 3.0,
@@ -334,11 +337,12 @@ def moe_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame | None:
 # -- vectorised predictions (each calls the kernel formula row by row) ---------------------------
 
 @njit(cache=True)
-def _gemm_many_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, lat, lat_sk, k0, extra):
+def _gemm_many_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, lat, lat_sk, k0, extra,
+                  mem_lat):
     out = np.empty(m.shape[0])
     for i in range(m.shape[0]):
         out[i] = kn.gemm_time_nb(m[i], k[i], n[i], w_bytes[i], a_bytes[i], peak[i], hbm_bw, sm_count,
-                                 gmax[i], hbm_frac, lat + extra[i], lat_sk, k0)
+                                 gmax[i], hbm_frac, lat + extra[i], lat_sk, k0, mem_lat)
     return out
 
 
@@ -412,7 +416,8 @@ def predict_gemm(frame: pd.DataFrame, hw, gemm: dict, fp8: dict | None = None) -
     extra = np.where(is8, fp8["gemm_fp8_latency_us"] * 1e-6, 0.0)
     return _gemm_many_nb(_col(frame, "m"), _col(frame, "n"), _col(frame, "k"), nbytes, nbytes, peak, hw.hbm_bw,
                          float(hw.sm_count), gmax, gemm["gemm_hbm_fraction"], gemm["gemm_latency_us"] * 1e-6,
-                         gemm["gemm_splitk_latency_us"] * 1e-6, gemm["gemm_tile_overhead_k"], extra)
+                         gemm["gemm_splitk_latency_us"] * 1e-6, gemm["gemm_tile_overhead_k"], extra,
+                         gemm.get("gemm_mem_latency_us", 0.0) * 1e-6)
 
 
 def predict_prefill(frame: pd.DataFrame, hw, p: dict) -> np.ndarray:

@@ -115,4 +115,44 @@ def derived_profile(base, name: str, values: dict, fit_source: str) -> str:
     return update_profile(Path(base.path), values, fit_source, text=text, keep_previous=False)
 
 
-__all__ = ["DECIMALS", "EFFICIENCY_FILE_KEYS", "derived_profile", "efficiency_table", "update_profile"]
+def engine_table(hw_name: str, values: dict, fit_source: str, comments: dict | None = None) -> str:
+    """A ``[hardware.<hw_name>]`` table of an engine profile: every FIT_KEYS file key, in order, from
+    ``values`` (file units), with an optional comment per key."""
+    from servesim.config.engine import FIT_KEYS
+    _check_fit_source(fit_source)
+    missing = [k for k, _, _ in FIT_KEYS if k not in values]
+    if missing:
+        raise ConfigError(f"engine table for {hw_name}: missing {', '.join(missing)}")
+    lines = [f"[hardware.{hw_name}]", f'fit_source = "{fit_source}"']
+    for key, _, _ in FIT_KEYS:
+        v = float(values[key])
+        text = f"{v:.4g}" if abs(v) < 1e-3 and v != 0 else f"{round(v, 4):g}"
+        note = (comments or {}).get(key)
+        lines.append(f"{key} = {text}" + (f"{' ' * max(1, 32 - len(key) - len(text))}# {note}" if note else ""))
+    return "\n".join(lines) + "\n"
+
+
+def update_engine_profile(path: Path, hw_name: str, values: dict, fit_source: str | None = None,
+                          comments: dict | None = None) -> str:
+    """Replace (or append) the ``[hardware.<hw_name>]`` table of an engine profile with ``values``
+    (file units); keys not in ``values`` keep their current numbers, and the fit_source its text
+    unless one is given. Returns the new text (the caller writes it)."""
+    import tomllib
+    path = Path(path)
+    text = path.read_text()
+    current = tomllib.loads(text).get("hardware", {}).get(hw_name, {})
+    merged = {**current, **values}
+    source = fit_source if fit_source is not None else current.get("fit_source", "")
+    merged.pop("fit_source", None)
+    table = engine_table(hw_name, merged, source, comments)
+    m = re.search(rf"^\[hardware\.{re.escape(hw_name)}\][^\n]*\n", text, flags=re.M)
+    if m is None:
+        return text.rstrip("\n") + "\n\n" + table
+    nxt = re.search(r"^\[", text[m.end():], flags=re.M)
+    end = m.end() + (nxt.start() if nxt else len(text) - m.end())
+    tail = text[end:]
+    return text[:m.start()] + table + ("\n" + tail if tail else "")
+
+
+__all__ = ["DECIMALS", "EFFICIENCY_FILE_KEYS", "derived_profile", "efficiency_table", "engine_table",
+           "update_engine_profile", "update_profile"]

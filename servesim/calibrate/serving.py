@@ -11,12 +11,12 @@ three kinds of rows, each reproduced with the `trtllm` preset:
 - `request_rate` (v0.14): Poisson arrivals at `load_value` req/s (`inf`: all at once), 500 requests;
   metrics mean TTFT, mean inter-token latency, achieved request rate, output tokens/s.
 
-The fit (`fit_engine`) moves only the parameters these end-to-end rows identify and the
-per-operator timings do not: per-iteration overhead, per-sequence overhead and the decode-attention
-HBM fraction, with bounds that keep them physical. Prefill attention is a small share of these
-rows' time (GEMMs dominate a 128-2048-token prefill), so its efficiency is not identifiable here and
-stays at the published FlashAttention figure in the profile. GEMM and collective parameters come from the
-per-operator fit and are left alone.
+The fit (`fit_engine`) moves only the parameters these end-to-end rows identify and the per-kernel
+timings do not: the engine's host time per step and per sequence (``host_step_us``,
+``host_per_seq_us`` of the engine profile's ``[hardware.<gpu>]`` table) and ``graph_overlap`` (the
+fraction of each kernel's fixed time, measured alone, hidden behind its neighbours in a step),
+with bounds that keep them physical. Kernel efficiencies come from the engine's per-kernel fit (experiments/fit_engine_kernels.py)
+and are left alone.
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Lla
           "Llama-2-70B": "llama-2-70b"}
 REQUIRED = ("engine", "engine_version", "model", "hardware", "tp", "pp", "precision", "isl", "osl",
             "load_kind", "load_value", "metric", "value")
-FIT_KEYS = ("iteration_overhead_s", "per_seq_overhead_s", "attn_decode_hbm_fraction")
-_BOUNDS = {"iteration_overhead_s": (1e-5, 0.02), "per_seq_overhead_s": (0.0, 2e-4),
-           "attn_prefill_max": (0.05, 1.0), "attn_decode_hbm_fraction": (0.05, 1.0)}
+FIT_KEYS = ("host_step_s", "host_per_seq_s", "graph_overlap")   # EngineFit fields
+_BOUNDS = {"host_step_s": (1e-5, 0.02), "host_per_seq_s": (0.0, 2e-4), "graph_overlap": (0.0, 0.95),
+           "attn_decode_hbm_fraction": (0.05, 1.0)}
 
 
 def hardware_name(text: str) -> str:
@@ -123,11 +123,16 @@ def metric_of(summary: dict, row) -> float:
     raise ConfigError(f"published row {row.row}: unknown metric {m!r}")
 
 
-def predict(df: pd.DataFrame, hardware_overrides: dict | None = None) -> pd.DataFrame:
-    """Simulate every row (rows sharing a setup share one run). Adds `predicted` and `rel_error`."""
+def predict(df: pd.DataFrame, engine_overrides: dict | None = None, hardware_profiles: dict | None = None,
+            engine_profiles: dict | None = None) -> pd.DataFrame:
+    """Simulate every row (rows sharing a setup share one run). Adds `predicted` and `rel_error`.
+
+    ``engine_overrides``: {hardware name: {EngineFit field: value}} replacing the fit of the row's
+    engine on that hardware (used by ``fit_engine``); ``hardware_profiles`` / ``engine_profiles``:
+    in-memory profiles by name, replacing the shipped ones."""
     from ..api import SimConfig
     from ..config import load_hardware
-    from ..config.hardware import with_efficiency
+    from ..config.engine import load_engine, with_fit_for
     from ..errors import ServesimError
 
     cache: dict = {}
@@ -137,10 +142,11 @@ def predict(df: pd.DataFrame, hardware_overrides: dict | None = None) -> pd.Data
         key = tuple(sorted(opts.items()))
         if key not in cache:
             try:
-                hw = load_hardware(opts["hardware"])
-                if hardware_overrides and opts["hardware"] in hardware_overrides:
-                    hw = with_efficiency(hw, **hardware_overrides[opts["hardware"]])
-                cache[key] = _simulate_with(hw, SimConfig(**opts))
+                hw = (hardware_profiles or {}).get(opts["hardware"]) or load_hardware(opts["hardware"])
+                eng = (engine_profiles or {}).get(opts["engine"]) or load_engine(opts["engine"])
+                if engine_overrides and opts["hardware"] in engine_overrides:
+                    eng = with_fit_for(eng, hw, **engine_overrides[opts["hardware"]])
+                cache[key] = _simulate_with(hw, eng, SimConfig(**opts))
             except ServesimError as e:
                 cache[key] = e
         res = cache[key]
@@ -151,9 +157,9 @@ def predict(df: pd.DataFrame, hardware_overrides: dict | None = None) -> pd.Data
     return out
 
 
-def _simulate_with(hw, cfg) -> dict:
+def _simulate_with(hw, engine, cfg) -> dict:
     from ..api import simulate
-    return simulate(cfg, hardware_profile=hw).summary
+    return simulate(cfg, hardware_profile=hw, engine_profile=engine).summary
 
 
 def error_table(pred: pd.DataFrame, by=("split", "hardware", "metric")) -> pd.DataFrame:
@@ -165,33 +171,36 @@ def error_table(pred: pd.DataFrame, by=("split", "hardware", "metric")) -> pd.Da
 
 
 def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None = None,
-               hardware_profiles: dict | None = None, engine_profiles: dict | None = None) -> tuple[dict, pd.DataFrame]:
-    """Least-squares fit of FIT_KEYS on log(pred/measured) for one hardware profile's rows.
+               hardware_profiles: dict | None = None, engine_profiles: dict | None = None,
+               keys=FIT_KEYS) -> tuple[dict, pd.DataFrame]:
+    """Least-squares fit of ``keys`` (EngineFit fields) on log(pred/measured) for one hardware
+    profile's rows, each row simulated with its own engine's profile.
 
-    ``base``: other Efficiency fields (SI) held fixed during the fit (e.g. freshly fitted GEMM values);
-    ``hardware_profiles`` / ``engine_profiles``: in-memory profiles by name, as for ``predict``."""
+    ``base``: other EngineFit fields (SI) held fixed during the fit; ``hardware_profiles`` /
+    ``engine_profiles``: in-memory profiles by name, as for ``predict``; ``keys``: the FIT_KEYS to fit
+    (default all)."""
     from scipy.optimize import least_squares
 
     rows = df[df.hardware.map(hardware_name) == hardware]
-    if len(rows) < len(FIT_KEYS) + 2:
-        raise ConfigError(f"fit for {hardware}: {len(rows)} rows cannot identify {len(FIT_KEYS)} parameters; "
-                          f"need at least {len(FIT_KEYS) + 2}")
+    if len(rows) < len(keys) + 2:
+        raise ConfigError(f"fit for {hardware}: {len(rows)} rows cannot identify {len(keys)} parameters; "
+                          f"need at least {len(keys) + 2}")
     # work in scaled units so the optimiser sees O(1) steps
-    scale = np.array([1e-3, 1e-5, 1.0])
-    lo = np.array([_BOUNDS[k][0] for k in FIT_KEYS]) / scale
-    hi = np.array([_BOUNDS[k][1] for k in FIT_KEYS]) / scale
-    x0 = np.clip(np.array([start[k] for k in FIT_KEYS]) / scale, lo + 1e-9, hi - 1e-9)
+    scale = np.array([{"host_step_s": 1e-3, "host_per_seq_s": 1e-5}.get(k, 1.0) for k in keys])
+    lo = np.array([_BOUNDS[k][0] for k in keys]) / scale
+    hi = np.array([_BOUNDS[k][1] for k in keys]) / scale
+    x0 = np.clip(np.array([start[k] for k in keys]) / scale, lo + 1e-9, hi - 1e-9)
 
     def residuals(x):
-        over = {hardware: {**(base or {}), **dict(zip(FIT_KEYS, (x * scale).tolist()))}}
+        over = {hardware: {**(base or {}), **dict(zip(keys, (x * scale).tolist()))}}
         pr = predict(rows, over, hardware_profiles, engine_profiles)
         r = np.log(np.maximum(pr.predicted.to_numpy(), 1e-12) / pr.value.to_numpy())
         return np.nan_to_num(r, nan=5.0)
 
     sol = least_squares(residuals, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=60, x_scale="jac")
-    fitted = dict(zip(FIT_KEYS, (sol.x * scale).tolist()))
-    for k, v, a, b in zip(FIT_KEYS, sol.x, lo, hi):
+    fitted = dict(zip(keys, (sol.x * scale).tolist()))
+    for k, v, a, b in zip(keys, sol.x, lo, hi):
         if v <= a * (1 + 1e-3) or v >= b * (1 - 1e-3):
-            warnings.warn(f"fit for {hardware}: {k} sits at its bound ({v * scale[FIT_KEYS.index(k)]:.4g}); "
+            warnings.warn(f"fit for {hardware}: {k} sits at its bound ({v * scale[list(keys).index(k)]:.4g}); "
                           f"the data do not pin it down")
     return fitted, predict(rows, {hardware: {**(base or {}), **fitted}}, hardware_profiles, engine_profiles)

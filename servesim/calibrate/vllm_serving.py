@@ -127,16 +127,22 @@ def compare(df: pd.DataFrame, runs: dict) -> pd.DataFrame:
         for metric, (col, block, stat) in METRICS.items():
             pred = (s.get(block) or {}).get(stat)
             meas = float(getattr(r, col))
-            rows.append({"experiment": r.experiment, "stage": int(r.stage), "metric": metric, "measured": meas,
+            rows.append({"experiment": r.experiment, "stage": int(r.stage), "gpu": _hardware(r.hardware),
+                         "metric": metric, "measured": meas,
                          "predicted": pred, "rel_error": (pred / meas - 1.0) if pred is not None else np.nan,
                          "saturated": bool(summ[-1]["saturated"])})
     return pd.DataFrame(rows)
 
 
-def run_suite(path=None, seed: int = 0, engine_profile=None) -> pd.DataFrame:
+def run_suite(path=None, seed: int = 0, engine_profile=None, only=None) -> pd.DataFrame:
+    """Simulate every deployment (``only``: these experiments) and compare with the measurements
+    (``compare``)."""
     df = load(path)
+    deps = deployments(df)
+    if only is not None:
+        deps = deps[deps.experiment.isin(list(only))]
     runs = {}
-    for row in deployments(df).itertuples(index=False):
+    for row in deps.itertuples(index=False):
         runs[row.experiment] = simulate_row(row, seed, engine_profile)
     return compare(df, runs)
 

@@ -39,16 +39,37 @@ _GRAPH_KEYS = ("mode", "sizes", "step_small", "step_large", "large_from", "max_s
 _KERNEL_KEYS = ("fused_add_norm", "allreduce", "custom_allreduce_max_mib")
 _HOST_KEYS = ("overlap",)
 # Fitted per (engine, hardware): (file key, field, kind). kind: "fraction" (0, 1], "nonneg" >= 0.
+# Formulas in servesim/costmodel/kernels.py; fits in servesim/calibrate/engine_kernels.py.
 FIT_KEYS = (
+    ("gemm_max", "gemm_max", "fraction"),                            # of the dense bf16/fp16 peak
+    ("gemm_hbm_fraction", "gemm_hbm_fraction", "fraction"),          # weight streaming
+    ("gemm_latency_us", "gemm_latency_s", "nonneg"),
+    ("gemm_splitk_latency_us", "gemm_splitk_latency_s", "nonneg"),
+    ("gemm_tile_overhead_k", "gemm_tile_overhead_k", "nonneg"),      # K elements per tile
+    ("gemm_mem_latency_us", "gemm_mem_latency_s", "nonneg"),         # ramp of a bandwidth-bound GEMM
+    ("gemm_fp8_max", "gemm_fp8_max", "fraction"),                    # W8A8 GEMMs: of the fp8 peak
+    ("gemm_fp8_latency_us", "gemm_fp8_latency_s", "nonneg"),         # incl. quantising the activation
     ("attn_prefill_max", "attn_prefill_max", "fraction"),
+    ("attn_prefill_hbm_fraction", "attn_prefill_hbm_fraction", "fraction"),
+    ("attn_prefill_block_overhead", "attn_prefill_block_overhead", "nonneg"),   # 128-key blocks
     ("attn_prefill_latency_us", "attn_prefill_latency_s", "nonneg"),
     ("attn_decode_hbm_fraction", "attn_decode_hbm_fraction", "fraction"),
+    ("attn_decode_block_us", "attn_decode_block_s", "nonneg"),
     ("attn_decode_latency_us", "attn_decode_latency_s", "nonneg"),
-    ("allreduce_bw_fraction", "allreduce_bw_fraction", "fraction"),
     ("allreduce_latency_us", "allreduce_latency_s", "nonneg"),
+    ("allreduce_bw_fraction", "allreduce_bw_fraction", "fraction"),
+    ("allreduce_step_latency_us", "allreduce_step_latency_s", "nonneg"),
+    ("allreduce_eager_launch_us", "allreduce_eager_launch_s", "nonneg"),
+    ("moe_efficiency", "moe_efficiency", "fraction"),
+    ("moe_latency_us", "moe_latency_s", "nonneg"),
+    ("moe_fp8_efficiency", "moe_fp8_efficiency", "fraction"),
+    ("moe_fp8_latency_us", "moe_fp8_latency_s", "nonneg"),
+    ("moe_pair_us", "moe_pair_s", "nonneg"),
     ("launch_us", "launch_s", "nonneg"),
+    ("graph_overlap", "graph_overlap", "unit"),                     # fitted end to end (fit_vllm_host.py)
     ("host_step_us", "host_step_s", "nonneg"),
     ("host_per_seq_us", "host_per_seq_s", "nonneg"),
+    ("frontend_us", "frontend_s", "nonneg"),
 )
 _UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
 
@@ -99,16 +120,36 @@ class CudaGraphs:
 
 @dataclass(frozen=True)
 class EngineFit:
-    """Kernel efficiencies and host costs of one engine on one GPU, in SI units."""
+    """Kernel efficiencies and host costs of one engine on one GPU, in SI units (FIT_KEYS)."""
+    gemm_max: float
+    gemm_hbm_fraction: float
+    gemm_latency_s: float
+    gemm_splitk_latency_s: float
+    gemm_tile_overhead_k: float
+    gemm_mem_latency_s: float
+    gemm_fp8_max: float
+    gemm_fp8_latency_s: float
     attn_prefill_max: float
+    attn_prefill_hbm_fraction: float
+    attn_prefill_block_overhead: float
     attn_prefill_latency_s: float
     attn_decode_hbm_fraction: float
+    attn_decode_block_s: float
     attn_decode_latency_s: float
-    allreduce_bw_fraction: float
     allreduce_latency_s: float
+    allreduce_bw_fraction: float
+    allreduce_step_latency_s: float
+    allreduce_eager_launch_s: float
+    moe_efficiency: float
+    moe_latency_s: float
+    moe_fp8_efficiency: float
+    moe_fp8_latency_s: float
+    moe_pair_s: float
     launch_s: float                  # CPU time to launch one kernel outside a CUDA graph
+    graph_overlap: float             # fraction of each kernel's fixed time hidden behind its neighbours in a step
     host_step_s: float               # host work per engine step (schedule, prepare inputs, sample, update)
     host_per_seq_s: float            # ... per scheduled sequence
+    frontend_s: float                # per request: HTTP, tokenisation, IPC to the engine, first token back
     fit_source: str
     fitted_on: str                   # the hardware profile whose table this is
     note: str = ""                   # how it applies to the hardware at hand (fitted / borrowed)
@@ -233,7 +274,12 @@ def _read_fit(t: Table, hw_name: str) -> EngineFit:
     t.expect_keys(["fit_source"] + [key for key, _, _ in FIT_KEYS])
     values: dict[str, object] = {"fit_source": t.str("fit_source", nonempty=True), "fitted_on": hw_name}
     for key, field, kind in FIT_KEYS:
-        value = t.fraction(key) if kind == "fraction" else t.float(key, ge=0.0)
+        if kind == "fraction":
+            value = t.fraction(key)
+        elif kind == "unit":
+            value = t.float(key, ge=0.0, le=1.0)
+        else:
+            value = t.float(key, ge=0.0)
         values[field] = value * _UNIT.get(key.rsplit("_", 1)[-1], 1.0)
     return EngineFit(**values)
 

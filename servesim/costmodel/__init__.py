@@ -33,7 +33,7 @@ def build_replica(model, hw, layout: Layout, gpu_memory_utilization: float = 0.9
     if engine is None:
         from ..config.engine import load_engine
         engine = load_engine("vllm")
-    params = lower(model, hw, layout, engine, max_num_seqs=max_seqs)
+    params = lower(model, hw, layout, engine, max_num_seqs=max_seqs, max_tokens=max_tokens)
     check_weights_fit(model, hw, layout, gpu_memory_utilization)
     mem = plan_memory(model, hw, layout.tp, layout.pp, layout.dtype, kv_dtype_resolved(layout.kv_dtype, layout.dtype),
                       gpu_memory_utilization, max_tokens, max_seqs, engine.scheduler.memory_fraction_of == "free",

@@ -47,14 +47,28 @@ def activation_bytes(ffn_width_gpu, gated):
     return ((2.0 if gated else 1.0) + 1.0) * ffn_width_gpu * ACT_BYTES
 
 
-def layer_kernels(hidden, rope_width_gpu, ffn_width_gpu, gated, latent_norm_widths=(), qk_norm_widths=()):
+def fused_add_norm_bytes(width):
+    """Residual add fused into the next RMSNorm: read x and the residual, write both."""
+    return 4.0 * width * ACT_BYTES
+
+
+def layer_kernels(hidden, rope_width_gpu, ffn_width_gpu, gated, latent_norm_widths=(), qk_norm_widths=(),
+                  fused_add_norm=False):
     """[(kind, bytes per token)] of one layer's elementwise kernels on one GPU; ``qk_norm_widths``
-    are the q and k widths per GPU (q_heads d_head, kv_heads d_head) of a q/k-normed model."""
-    out = [("norm", norm_bytes(hidden)), ("norm", norm_bytes(hidden))]
+    are the q and k widths per GPU (q_heads d_head, kv_heads d_head) of a q/k-normed model.
+
+    ``fused_add_norm``: the engine fuses each residual add into the RMSNorm that follows it (vLLM's
+    ``fused_add_rms_norm``, TensorRT-LLM's fused residual norm): two kernels of 8 h bytes instead of
+    two norms (4 h) and two adds (6 h)."""
+    if fused_add_norm:
+        out = [("norm", fused_add_norm_bytes(hidden)), ("norm", fused_add_norm_bytes(hidden))]
+    else:
+        out = [("norm", norm_bytes(hidden)), ("norm", norm_bytes(hidden))]
     out += [("norm", norm_bytes(w)) for w in latent_norm_widths]
     out += [("norm", norm_bytes(w)) for w in qk_norm_widths]
-    out += [("rope", rope_bytes(rope_width_gpu)), ("activation", activation_bytes(ffn_width_gpu, gated)),
-            ("stream", add_bytes(hidden)), ("stream", add_bytes(hidden))]
+    out += [("rope", rope_bytes(rope_width_gpu)), ("activation", activation_bytes(ffn_width_gpu, gated))]
+    if not fused_add_norm:
+        out += [("stream", add_bytes(hidden)), ("stream", add_bytes(hidden))]
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .iteration import iteration_components_nb
-from .roofline import gemm_compute_bound_nb
+from .kernels import gemm_ridge_tokens_nb
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,12 @@ def breakdown(params, batch: Batch) -> Breakdown:
     p = params
     bound = {}
     if tokens > 0:
-        cb = gemm_compute_bound_nb(tokens, p.mlp_k[0], p.mlp_n[0], p.w_bytes, p.a_bytes, p.peak, p.hbm_bw,
-                                   p.gemm_max, p.gemm_half, p.hbm_frac)
-        bound["gemm"] = "compute" if cb else "memory"
+        ridge = gemm_ridge_tokens_nb(p.mlp_k[0], p.mlp_n[0], p.w_bytes, p.a_bytes, p.peak, p.g_max, p.hbm_bw,
+                                     p.g_hbm)
+        bound["gemm"] = "compute" if tokens >= ridge else "memory"
     if agg[0] > 0:
-        c = agg[3] * p.attn_flops_pair / (p.attn_peak * p.attn_prefill_max)
-        m = (agg[4] * p.kv_bytes_tok_layer + agg[0] * p.q_bytes_tok_layer) / (p.hbm_bw * p.hbm_frac)
+        c = agg[3] * p.attn_flops_pair / (p.attn_peak * p.attn_pf_max)
+        m = (agg[4] * p.kv_bytes_tok_layer + agg[0] * p.q_bytes_tok_layer) / (p.hbm_bw * p.attn_pf_hbm)
         bound["attention_prefill"] = "compute" if c >= m else "memory"
     if agg[5] > 0:
         bound["attention_decode"] = "memory"

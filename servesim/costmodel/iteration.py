@@ -13,32 +13,55 @@ Returns (gemm, attention, elementwise, communication, overhead, latency, interva
 latency is one micro-batch through every pipeline stage; interval is the time until the
 first stage can take the next micro-batch (the bottleneck stage). With PP = 1 they are equal.
 
-The engine (``CostParams`` from an engine profile) decides how the GPU work is launched. A batch of
-T tokens at most the largest captured CUDA-graph size is padded to the next captured size (the
-GEMMs, elementwise kernels and all-reduces run on the padded tokens; attention on the real
-sequences) and replayed: one launch for a full graph, and for a piecewise graph one per layer for
-the graph pieces plus one per layer for attention, which runs outside them. Larger batches run
-eagerly, one launch per kernel. The GPU cannot run ahead of the launches, so the forward takes
+Kernel costs are the engine's (``servesim/costmodel/kernels.py``, fitted per engine and GPU): GEMMs
+as rooflines with tile and wave quantisation, FlashAttention prefill and paged decode attention,
+the engine's all-reduce inside the NVLink domain (NCCL elsewhere), fused MoE. The engine decides
+how the GPU work is launched. A batch of T tokens at most the largest captured CUDA-graph size is
+padded to the next captured size (the GEMMs, elementwise kernels and all-reduces run on the padded
+tokens; attention on the real sequences) and replayed: one launch for a full graph, and for a
+piecewise graph one per layer for the graph pieces plus one per layer for attention, which runs
+outside them. Larger batches run eagerly, one launch per kernel (and the engine's all-reduce in
+its eager form). The GPU cannot run ahead of the launches, so the forward takes
 max(GPU time, launches x launch cost). Host work per step (scheduling, input preparation, sampling
 and output processing: a fixed and a per-sequence time) adds to it, or overlaps it when the
-engine schedules asynchronously; the part of the launch cost the GPU did not hide and the host
-work are reported together as overhead.
+engine schedules asynchronously; the part of the launch cost the GPU did not hide and the host work
+are reported together as overhead.
+
+Everything that depends only on the (padded) token count -- every layer's GEMMs, elementwise
+kernels and all-reduces -- is tabulated per token count when the replica is lowered
+(``layer_tables_nb``), so a step reads it instead of recomputing it.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
-from .collectives import allreduce_time_nb, custom_allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
+from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
+from .kernels import (decode_attention_time_nb, engine_allreduce_eager_time_nb, engine_allreduce_time_nb,
+                      gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb)
 from .params import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
-from .roofline import gemm_efficiency_nb, gemm_time_nb, roofline_time_nb
+from .roofline import roofline_time_nb
+
+
+@njit(cache=True)
+def _gemm_nb(p, m, k, n):
+    """One GEMM at the weight dtype."""
+    return gemm_time_nb(m, k, n, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
+                        p.g_splitk, p.g_tile_k, p.g_mem_latency)
+
+
+@njit(cache=True)
+def _gemm16_nb(p, m, k, n):
+    """One 16-bit GEMM (LM head, MoE router: kept unquantised, as vLLM and TensorRT-LLM do)."""
+    return gemm_time_nb(m, k, n, 2.0, 2.0, p.attn_peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g16_latency,
+                        p.g_splitk, p.g_tile_k, p.g_mem_latency)
 
 
 @njit(cache=True)
 def _gemms_nb(p, m, ks, ns):
     t = 0.0
     for i in range(ks.shape[0]):
-        t += gemm_time_nb(m, ks[i], ns[i], p.w_bytes, p.a_bytes, p.peak, p.hbm_bw,
-                          p.gemm_max, p.gemm_half, p.hbm_frac, p.latency)
+        t += _gemm_nb(p, m, ks[i], ns[i])
     return t
 
 
@@ -52,22 +75,54 @@ def expected_experts_nb(tokens, experts, top_k):
 
 
 @njit(cache=True)
-def _experts_nb(p, tokens):
-    """Routed-expert GEMMs of one MoE layer as a grouped GEMM over the experts the batch touches."""
-    touched = expected_experts_nb(tokens, p.experts, p.top_k)
-    if touched <= 0.0:
+def _moe_nb(p, m):
+    """Routed experts (fused MoE over the experts the batch touches), shared experts and router."""
+    pairs = m * p.top_k
+    t = moe_experts_time_nb(pairs, expected_experts_nb(m, p.experts, p.top_k), pairs, p.hidden, p.exp_inter,
+                            p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm,
+                            p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair)   # fitted as a fraction of gemm_max
+    t += _gemms_nb(p, m, p.sh_k, p.sh_n)
+    return t + _gemm16_nb(p, m, p.hidden, p.router_n)
+
+
+@njit(cache=True)
+def allreduce_nb(p, m, graphed):
+    """One all-reduce of the hidden state of m tokens over the TP group."""
+    if p.tp <= 1.0:
         return 0.0
-    m = tokens * p.top_k / touched
-    t = 0.0
-    for i in range(p.exp_k.shape[0]):
-        k = p.exp_k[i]
-        n = p.exp_n[i]
-        flops = touched * 2.0 * m * k * n
-        nbytes = touched * (k * n * p.w_bytes + m * (k + n) * p.a_bytes)
-        t_c = flops / (p.peak * gemm_efficiency_nb(m, p.gemm_max, p.gemm_half))
-        t_m = nbytes / (p.hbm_bw * p.hbm_frac)
-        t += max(t_c, t_m) + p.latency
-    return t
+    msg = m * p.hidden * 2.0
+    if p.ar_custom > 0.0 and msg <= p.ar_max_bytes:
+        if graphed:
+            return engine_allreduce_time_nb(msg, p.tp, p.ar_link_bw, p.ar_frac, p.ar_latency, p.ar_step)
+        return engine_allreduce_eager_time_nb(msg, p.tp, p.ar_link_bw, p.ar_frac, p.ar_latency, p.ar_step,
+                                              p.ar_eager, p.hbm_bw, p.g_hbm)
+    return p.coll_base + allreduce_time_nb(msg, p.tp, p.tp_bw, p.tp_alpha, int(p.tp_algorithm))
+
+
+@njit(cache=True)
+def layer_costs_nb(p, m, graphed):
+    """(GEMMs, elementwise, all-reduces) of every layer of one forward over m tokens."""
+    g_attn = _gemms_nb(p, m, p.attn_k, p.attn_n)
+    gemm = p.n_dense_layers * (g_attn + _gemms_nb(p, m, p.mlp_k, p.mlp_n))
+    if p.n_moe_layers > 0.0:
+        gemm += p.n_moe_layers * (g_attn + _moe_nb(p, m))
+    n_layers = p.n_dense_layers + p.n_moe_layers
+    elem = n_layers * (m * p.elem_s_tok_layer + p.elem_kernels * p.elem_latency)
+    # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
+    comm = 2.0 * n_layers * allreduce_nb(p, m, graphed)
+    return gemm, elem, comm
+
+
+@njit(cache=True)
+def layer_tables_nb(p, n):
+    """layer_costs_nb for m = 0 .. n - 1 tokens (graphed where the engine captures m)."""
+    tg = np.zeros(n)
+    te = np.zeros(n)
+    tc = np.zeros(n)
+    for m in range(1, n):
+        graphed = p.graph_mode != GRAPH_NONE and m <= p.graph_max
+        tg[m], te[m], tc[m] = layer_costs_nb(p, float(m), graphed)
+    return tg, te, tc
 
 
 @njit(cache=True)
@@ -100,46 +155,51 @@ def launches_nb(p, n_pf, n_layers, padded):
 
 
 @njit(cache=True)
+def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
+    """Attention of one layer on the real sequences: the prefill chunks (as n_pf chunks of their mean
+    length after their mean cached prefix) and the decodes."""
+    a = 0.0
+    if p.mla > 0.0:   # MLA: FLOPs over the latent at the prefill efficiency, latent bytes for decode
+        if tp_tok > 0.0:
+            a += roofline_time_nb(pairs * p.attn_flops_pair, kv_pf * p.kv_bytes_tok_layer + tp_tok * p.q_bytes_tok_layer,
+                                  p.attn_peak, p.attn_pf_max, p.hbm_bw, p.attn_pf_hbm, p.attn_pf_latency)
+        if n_dec > 0.0:
+            a += roofline_time_nb(kv_dec * p.attn_flops_kv_decode, kv_dec * p.kv_bytes_tok_layer + n_dec * p.q_bytes_tok_layer,
+                                  p.attn_peak, p.attn_pf_max, p.hbm_bw, p.attn_dec_hbm, p.attn_dec_latency)
+        return a
+    if tp_tok > 0.0:
+        chunk = tp_tok / n_pf
+        ctx = max(kv_pf / n_pf - chunk, 0.0)
+        a += prefill_attention_time_nb(n_pf, chunk, ctx, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
+                                       p.attn_peak, p.hbm_bw, p.sms, p.attn_pf_max, p.attn_pf_hbm, p.attn_pf_block,
+                                       p.attn_pf_latency)
+    if n_dec > 0.0:
+        a += decode_attention_time_nb(n_dec, kv_dec, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
+                                      p.hbm_bw, p.sms, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency)
+    return a
+
+
+@njit(cache=True)
 def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     tokens = tp_tok + n_dec
     seqs = n_pf + n_dec
     if tokens <= 0.0:
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    padded = graph_tokens_nb(p.graph_sizes, tokens)
+    padded = graph_tokens_nb(p.graph_sizes, tokens) if p.graph_mode != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
-    # GEMMs per layer
-    g_attn = _gemms_nb(p, m, p.attn_k, p.attn_n)
-    g_dense = _gemms_nb(p, m, p.mlp_k, p.mlp_n)
-    g_moe = 0.0
-    if p.n_moe_layers > 0.0:
-        g_moe = _experts_nb(p, m) + _gemms_nb(p, m, p.sh_k, p.sh_n)
-        g_moe += gemm_time_nb(m, p.hidden, p.router_n, 2.0, 2.0, p.attn_peak, p.hbm_bw,
-                              p.gemm_max, p.gemm_half, p.hbm_frac, p.latency)
-    gemm = p.n_dense_layers * (g_attn + g_dense) + p.n_moe_layers * (g_attn + g_moe)
-    # LM head for the sampled sequences (vocab-parallel) + gather of logits across TP
-    gemm += gemm_time_nb(n_logit, p.hidden, p.vocab_gpu, 2.0, 2.0, p.attn_peak, p.hbm_bw,
-                         p.gemm_max, p.gemm_half, p.hbm_frac, p.latency)
+    mi = int(m)
+    if mi < p.tab_gemm.shape[0] and mi == m:
+        gemm = p.tab_gemm[mi]
+        elem = p.tab_elem[mi]
+        comm_tp = p.tab_comm[mi]
+    else:
+        gemm, elem, comm_tp = layer_costs_nb(p, m, padded > 0.0)
+    # LM head on the sampled rows (vocab-parallel, outside the graph) + gather of logits across TP
+    gemm += _gemm16_nb(p, n_logit, p.hidden, p.vocab_gpu)
+    if p.tp > 1.0 and n_logit > 0.0:
+        comm_tp += p.coll_base + reduce_scatter_time_nb(n_logit * p.vocab_gpu * p.tp * 4.0, p.tp, p.tp_bw, p.tp_alpha)
     n_layers = p.n_dense_layers + p.n_moe_layers
-    # attention per layer, on the real sequences
-    a = 0.0
-    if tp_tok > 0.0:
-        a += roofline_time_nb(pairs * p.attn_flops_pair, kv_pf * p.kv_bytes_tok_layer + tp_tok * p.q_bytes_tok_layer,
-                              p.attn_peak, p.attn_prefill_max, p.hbm_bw, p.hbm_frac, p.attn_pf_latency)
-    if n_dec > 0.0:
-        a += roofline_time_nb(kv_dec * p.attn_flops_kv_decode, kv_dec * p.kv_bytes_tok_layer + n_dec * p.q_bytes_tok_layer,
-                              p.attn_peak, p.attn_prefill_max, p.hbm_bw, p.attn_decode_frac, p.attn_dec_latency)
-    attn = n_layers * a
-    elem = n_layers * (m * p.elem_s_tok_layer + p.elem_kernels * p.elem_latency)
-    # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
-    comm_tp = 0.0
-    if p.tp > 1.0:
-        msg = m * p.hidden * 2.0
-        if p.ar_custom > 0.0 and msg <= p.ar_max_bytes:
-            ar = custom_allreduce_time_nb(msg, p.tp, p.ar_bw, p.ar_alpha)
-        else:
-            ar = p.coll_base + allreduce_time_nb(msg, p.tp, p.tp_bw, p.tp_alpha, int(p.tp_algorithm))
-        comm_tp = 2.0 * n_layers * ar + p.coll_base + reduce_scatter_time_nb(
-            n_logit * p.vocab_gpu * p.tp * 4.0, p.tp, p.tp_bw, p.tp_alpha)
+    attn = n_layers * attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
     send = 0.0
     if p.pp > 1.0:
         send = p2p_time_nb(tokens * p.hidden * 2.0, p.pp_bw, p.pp_alpha, p.pp_bw_large, p.pp_large_bytes)

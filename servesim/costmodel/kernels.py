@@ -44,6 +44,9 @@ from numba import njit
 GEMM_TILE_N = 128.0
 GEMM_TILE_M_SMALL = 64.0
 GEMM_TILE_M = 128.0
+# Fused-MoE kernels also run 16-row tiles when each expert gets few tokens (vLLM fused_moe.py
+# get_default_config: BLOCK_SIZE_M = 16 for small batches; TensorRT-LLM's grouped GEMM likewise).
+MOE_TILE_M_SMALL = 16.0
 # Split-K never makes a K slice shorter than this (a few pipeline stages of 64-wide K steps).
 SPLITK_MIN_K = 256.0
 # FlashAttention query and key block for head_dim 128 (FlashAttention-2/3: kBlockM = 128).
@@ -100,22 +103,24 @@ def gemm_bytes_nb(m, k, n, w_bytes, a_bytes):
 
 @njit(cache=True)
 def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
-                 splitk_latency, tile_overhead_k):
+                 splitk_latency, tile_overhead_k, mem_latency):
     """One GEMM X[m, k] W[n, k]^T (m = tokens; arguments in the order of ``roofline.gemm_time_nb``:
     m, k, n) under a CUDA graph, in seconds:
 
-        latency + max(tensor-core time, bytes / (hbm_bw * hbm_fraction))      (roofline)
+        latency + max(tensor-core time, mem_latency + bytes / (hbm_bw * hbm_fraction))      (roofline)
 
     tensor-core time from ``gemm_compute_time_nb``, minimised over the tile rows Tm in {64, 128}
     (Tn = 128) and, when the tiles do not fill the SMs, over split-K (``gemm_splits_nb``), which
     adds ``splitk_latency`` (the reduction of the partial sums). bytes = n k w + m (n + k) a.
     At small m the weights dominate and the GEMM is bandwidth-bound until 2mnk / bytes crosses the
     ridge peak * gemm_max / (hbm_bw * hbm_fraction); at large m it is compute-bound at gemm_max of
-    ``peak`` less tile and wave quantisation.
+    ``peak`` less tile and wave quantisation. ``mem_latency`` is the ramp of a bandwidth-bound kernel
+    (the first loads' DRAM latency before the stream reaches its rate, Little's law), which a
+    compute-bound kernel hides under its math.
     """
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0
-    t_mem = gemm_bytes_nb(m, k, n, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
+    t_mem = mem_latency + gemm_bytes_nb(m, k, n, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
     best = math.inf
     for i in range(2):
         tile_m = GEMM_TILE_M_SMALL if i == 0 else GEMM_TILE_M
@@ -153,8 +158,8 @@ def grouped_gemm_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_cou
     t_mem = groups * gemm_bytes_nb(m, k, n, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
     per_sm = peak * compute_fraction / sm_count
     best = math.inf
-    for i in range(2):
-        tile_m = GEMM_TILE_M_SMALL if i == 0 else GEMM_TILE_M
+    for i in range(3):
+        tile_m = MOE_TILE_M_SMALL if i == 0 else (GEMM_TILE_M_SMALL if i == 1 else GEMM_TILE_M)
         tiles = groups * math.ceil(m / tile_m) * math.ceil(n / GEMM_TILE_N)
         waves = math.ceil(tiles / sm_count)
         t_c = waves * 2.0 * tile_m * GEMM_TILE_N * (k + tile_overhead_k) / per_sm

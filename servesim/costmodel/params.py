@@ -1,6 +1,9 @@
-"""Lowering: (model, hardware, layout) -> CostParams, plain floats and float64 arrays.
+"""Lowering: (model, hardware, layout, engine profile) -> CostParams, plain floats and float64 arrays.
 
-Done once per configuration; the jitted iteration-time function sees only this bundle.
+Done once per configuration; the jitted step-cost function sees only this bundle. Silicon figures
+come from the hardware profile (peaks, bandwidths, links, elementwise and NCCL efficiencies); the
+engine's kernel efficiencies, its all-reduce, CUDA graphs and host time from the engine profile's
+fit for this hardware (``EngineProfile.fit_for``).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from . import collectives, elementwise
-from .dtypes import activation_bytes, check_dtype, compute_dtype, kv_dtype_resolved
+from .dtypes import BYTES, activation_bytes, check_dtype, compute_dtype, kv_dtype_resolved
 from .memory import GiB, kv_bytes_per_token_layer, kv_heads_per_gpu, weight_bytes_per_gpu, weight_bytes_per_param
 
 
@@ -25,37 +28,65 @@ class Layout:
 
 
 class CostParams(NamedTuple):
+    """Everything the jitted step cost needs, per replica, per GPU, in SI units."""
     tp: float
     pp: float
     peak: float                  # FLOP/s of the GEMM compute dtype
-    attn_peak: float             # FLOP/s for attention (16-bit)
+    attn_peak: float             # FLOP/s for attention and 16-bit GEMMs (LM head, router)
     hbm_bw: float
-    gemm_max: float
-    gemm_half: float
-    hbm_frac: float
-    latency: float               # per kernel
-    attn_prefill_max: float
-    attn_decode_frac: float
+    sms: float                   # streaming multiprocessors (wave quantisation)
+    g_max: float                 # the engine's GEMMs (kernels.gemm_time_nb) at the weight dtype
+    g_latency: float
+    g16_max: float               # ... and in 16 bits (LM head, router)
+    g16_latency: float
+    g_hbm: float
+    g_splitk: float
+    g_tile_k: float
+    g_mem_latency: float
     w_bytes: float               # per weight element
     a_bytes: float               # per activation element
     hidden: float
     n_dense_layers: float
     n_moe_layers: float
+    heads: float                 # attention heads per GPU
+    kv_heads: float              # KV heads per GPU
+    head_dim: float
+    kv_elem_bytes: float         # bytes per KV-cache element
+    mla: float                   # 1: multi-head latent attention (priced by its FLOPs and latent bytes)
     kv_bytes_tok_layer: float    # per GPU
     q_bytes_tok_layer: float     # query + output per token per layer per GPU (16-bit)
     attn_flops_pair: float       # prefill FLOPs per (query, key) pair per layer per GPU
     attn_flops_kv_decode: float  # decode FLOPs per cached token per layer per GPU
+    attn_pf_max: float           # engine prefill attention (kernels.prefill_attention_time_nb)
+    attn_pf_hbm: float
+    attn_pf_block: float
+    attn_pf_latency: float
+    attn_dec_hbm: float          # engine decode attention (kernels.decode_attention_time_nb)
+    attn_dec_block: float
+    attn_dec_latency: float
     elem_s_tok_layer: float      # bandwidth time per token of a layer's elementwise kernels
     elem_kernels: float          # elementwise kernels per layer
     elem_latency: float          # fixed time per elementwise kernel
-    coll_base: float             # base latency per collective call (not point-to-point sends)
+    coll_base: float             # NCCL: base latency per collective call (not point-to-point sends)
     experts: float
     top_k: float
     router_n: float
+    moe_eff: float               # fused MoE kernels (kernels.moe_experts_time_nb)
+    moe_latency: float
+    moe_pair: float
+    exp_inter: float             # one expert's FFN width per GPU
+    gated: float
     vocab_gpu: float
-    tp_bw: float
+    tp_bw: float                 # NCCL over the TP group's link
     tp_alpha: float
     tp_algorithm: float
+    ar_custom: float             # 1: the engine's own all-reduce serves this TP group (up to ar_max_bytes)
+    ar_link_bw: float            # one direction of the scale-up link, B/s
+    ar_frac: float
+    ar_latency: float
+    ar_step: float
+    ar_eager: float              # extra host time of an eager call of it
+    ar_max_bytes: float
     pp_bw: float
     pp_alpha: float
     pp_bw_large: float           # PP send rate above pp_large_bytes (collectives.p2p_link)
@@ -65,12 +96,6 @@ class CostParams(NamedTuple):
     overhead: float              # host time per engine step (engine profile)
     overhead_seq: float          # host time per scheduled sequence per step
     host_overlap: float          # 1: host work overlaps the GPU (the step is the longer of the two)
-    attn_pf_latency: float       # fixed time of one prefill-attention call (engine kernel)
-    attn_dec_latency: float      # fixed time of one decode-attention call
-    ar_custom: float             # 1: the engine's own all-reduce serves this TP group (up to ar_max_bytes)
-    ar_bw: float                 # its achieved bandwidth, B/s
-    ar_alpha: float              # its fixed time, s
-    ar_max_bytes: float
     graph_mode: float            # GRAPH_* code of the engine's CUDA-graph mode
     graph_max: float             # largest captured batch, tokens (0: none)
     launch: float                # CPU time per kernel launched outside a CUDA graph
@@ -80,11 +105,12 @@ class CostParams(NamedTuple):
     attn_n: np.ndarray
     mlp_k: np.ndarray
     mlp_n: np.ndarray
-    exp_k: np.ndarray
-    exp_n: np.ndarray
     sh_k: np.ndarray
     sh_n: np.ndarray
     graph_sizes: np.ndarray      # captured batch sizes (tokens), increasing
+    tab_gemm: np.ndarray         # per (padded) token count m: all layers' GEMMs, elementwise kernels and
+    tab_elem: np.ndarray         # all-reduces of one forward (layer_costs_nb), filled by lower()
+    tab_comm: np.ndarray
 
 
 GRAPH_NONE = 0
@@ -139,9 +165,14 @@ def _arr(xs):
     return np.asarray(xs, dtype=np.float64).reshape(-1)
 
 
-def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256) -> CostParams:
+# The per-layer cost tables cover forwards of up to this many tokens; larger ones are computed directly.
+TABLE_MAX_TOKENS = 16384
+
+
+def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens: int = 8192) -> CostParams:
     """Lower (model, hardware, layout, engine profile) to the plain bundle the jitted cost sees.
-    ``max_num_seqs`` sets the engine's largest captured CUDA-graph batch."""
+    ``max_num_seqs`` sets the engine's largest captured CUDA-graph batch; ``max_tokens`` (the token
+    budget per step) the length of the per-layer cost tables."""
     check_layout(model, hw, layout)
     fit = engine.fit_for(hw)
     tp, pp = layout.tp, layout.pp
@@ -176,20 +207,22 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256) -> CostPar
         flops_kv_decode = 4.0 * heads * hd
     f = model.ffn_hidden_size
     mlp_k, mlp_n = [h, f / tp], [gated * f / tp, h]
-    exp_k, exp_n, sh_k, sh_n = [], [], [], []
-    experts = top_k = router_n = 0.0
+    sh_k, sh_n = [], []
+    experts = top_k = router_n = exp_inter = 0.0
     f_act = f
     if model.moe is not None:
         moe = model.moe
         fe = moe.expert_ffn_hidden_size
-        exp_k, exp_n = [h, fe / tp], [gated * fe / tp, h]
-        fs = moe.shared_expert_ffn_hidden_size or moe.num_shared_experts * fe
+        exp_inter = fe / tp
+        # all shared experts as one MLP of n_shared x their width (HF DeepseekV3MoE, Llama4TextMoe)
+        fs = moe.num_shared_experts * (moe.shared_expert_ffn_hidden_size or fe)
         if fs > 0:
             sh_k, sh_n = [h, fs / tp], [gated * fs / tp, h]
         experts, top_k, router_n = float(moe.num_experts), float(moe.experts_per_token), float(moe.num_experts)
         f_act = fe * moe.experts_per_token + fs
     qk_norms = (q_width, kv_heads_per_gpu(model, tp) * model.head_dim) if model.qk_norm else ()  # Qwen3, Llama-4
-    elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms, qk_norms)
+    elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms, qk_norms,
+                                     fused_add_norm=engine.fused_add_norm)
     tp_link = collectives.link_for_group(hw, tp)
     pp_link = collectives.p2p_link(hw, tp * pp)
     n_moe = float(model.num_moe_layers) if model.moe is not None else 0.0
@@ -198,35 +231,59 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256) -> CostPar
     # fully NVLink-connected GPUs); elsewhere, and above its size limit, NCCL over the group's link
     custom = engine.allreduce == "custom" and tp > 1 and tp_link[0] == "scaleup"
     graph_sizes = engine.cuda_graph.capture_sizes(max_num_seqs)
-    gemms_layer = len(attn_k) + len(mlp_k) + (len(exp_k) + len(sh_k) + 1 if model.moe is not None else 0)
+    gemms_layer = len(attn_k) + len(mlp_k) + (2 + len(sh_k) + 1 if model.moe is not None else 0)
     kernels_layer = gemms_layer + len(elem) + 1 + (2 if tp > 1 else 0)
-    return CostParams(
+    # W8A8 GEMMs (fp8, int8) run the engine's fp8 kernels (an activation quantisation each); others at 16 bits
+    w8a8 = layout.dtype in ("fp8", "int8")
+    moe_fp8 = w8a8 and cd in ("fp8", "int8")
+    # the fixed time of each kernel, measured alone, is partly hidden behind its neighbours when a
+    # step's kernels run back to back (launch and ramp overlap the previous kernel's tail)
+    keep = 1.0 - fit.graph_overlap
+    p = CostParams(
         tp=float(tp), pp=float(pp),
-        peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"],
-        hbm_bw=hw.hbm_bw, gemm_max=eff.gemm_max, gemm_half=eff.gemm_half_tokens, hbm_frac=eff.hbm_fraction,
-        latency=eff.kernel_latency_s, attn_prefill_max=fit.attn_prefill_max,
-        attn_decode_frac=fit.attn_decode_hbm_fraction,
+        peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"], hbm_bw=hw.hbm_bw, sms=float(hw.sm_count),
+        g_max=fit.gemm_fp8_max if w8a8 else fit.gemm_max,
+        g_latency=keep * (fit.gemm_fp8_latency_s if w8a8 else fit.gemm_latency_s),
+        g16_max=fit.gemm_max, g16_latency=keep * fit.gemm_latency_s, g_hbm=fit.gemm_hbm_fraction,
+        g_splitk=keep * fit.gemm_splitk_latency_s, g_tile_k=fit.gemm_tile_overhead_k,
+        g_mem_latency=keep * fit.gemm_mem_latency_s,
         w_bytes=weight_bytes_per_param(layout.dtype), a_bytes=activation_bytes(layout.dtype), hidden=h,
         n_dense_layers=float(model.num_layers) - n_moe, n_moe_layers=n_moe,
+        heads=heads, kv_heads=float(kv_heads_per_gpu(model, tp)), head_dim=float(model.head_dim),
+        kv_elem_bytes=BYTES[kv_dtype], mla=float(model.mla is not None),
         kv_bytes_tok_layer=kv_bytes_per_token_layer(model, tp, kv_dtype),
         q_bytes_tok_layer=2.0 * 2.0 * q_width,
         attn_flops_pair=flops_pair, attn_flops_kv_decode=flops_kv_decode,
+        attn_pf_max=fit.attn_prefill_max, attn_pf_hbm=fit.attn_prefill_hbm_fraction,
+        attn_pf_block=fit.attn_prefill_block_overhead, attn_pf_latency=keep * fit.attn_prefill_latency_s,
+        attn_dec_hbm=fit.attn_decode_hbm_fraction, attn_dec_block=fit.attn_decode_block_s,
+        attn_dec_latency=keep * fit.attn_decode_latency_s,
         elem_s_tok_layer=elementwise.seconds_per_token(elem, hw.hbm_bw, elementwise.kind_fractions(eff)),
-        elem_kernels=float(len(elem)), elem_latency=eff.elementwise_latency_s,
+        elem_kernels=float(len(elem)), elem_latency=keep * eff.elementwise_latency_s,
         coll_base=eff.collective_base_latency_s,
-        experts=experts, top_k=top_k, router_n=router_n, vocab_gpu=model.vocab_size / tp,
+        experts=experts, top_k=top_k, router_n=router_n,
+        moe_eff=fit.moe_fp8_efficiency if moe_fp8 else fit.moe_efficiency,
+        moe_latency=keep * (fit.moe_fp8_latency_s if moe_fp8 else fit.moe_latency_s), moe_pair=fit.moe_pair_s,
+        exp_inter=exp_inter, gated=float(model.gated_mlp),
+        vocab_gpu=model.vocab_size / tp,
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
+        ar_custom=float(custom), ar_link_bw=hw.scaleup_bw, ar_frac=fit.allreduce_bw_fraction,
+        ar_latency=keep * fit.allreduce_latency_s, ar_step=fit.allreduce_step_latency_s,
+        ar_eager=fit.allreduce_eager_launch_s,
+        ar_max_bytes=engine.custom_allreduce_max_bytes,
         pp_bw=pp_link[1], pp_alpha=pp_link[2], pp_bw_large=pp_link[3], pp_large_bytes=pp_link[4],
         swap_bw=hw.pcie_bw * eff.pcie_bw_fraction, swap_alpha=eff.pcie_latency_s,
         overhead=fit.host_step_s, overhead_seq=fit.host_per_seq_s, host_overlap=float(engine.host_overlap),
-        attn_pf_latency=fit.attn_prefill_latency_s, attn_dec_latency=fit.attn_decode_latency_s,
-        ar_custom=float(custom), ar_bw=hw.scaleup_bw * fit.allreduce_bw_fraction, ar_alpha=fit.allreduce_latency_s,
-        ar_max_bytes=engine.custom_allreduce_max_bytes,
         graph_mode=float(GRAPH_MODES[engine.cuda_graph.mode]),
         graph_max=float(graph_sizes[-1]) if graph_sizes.size else 0.0,
         launch=fit.launch_s, kernels_layer=float(kernels_layer),
         active_params_gpu=active / (tp * pp) * 1.0,
         attn_k=_arr(attn_k), attn_n=_arr(attn_n), mlp_k=_arr(mlp_k), mlp_n=_arr(mlp_n),
-        exp_k=_arr(exp_k), exp_n=_arr(exp_n), sh_k=_arr(sh_k), sh_n=_arr(sh_n),
+        sh_k=_arr(sh_k), sh_n=_arr(sh_n),
         graph_sizes=np.ascontiguousarray(graph_sizes, dtype=np.float64),
+        tab_gemm=np.zeros(0), tab_elem=np.zeros(0), tab_comm=np.zeros(0),
     )
+    from .iteration import layer_tables_nb
+    n_tab = min(max(int(max_tokens), int(max_num_seqs), 1), TABLE_MAX_TOKENS) + 1
+    tg, te, tc = layer_tables_nb(p, n_tab)
+    return p._replace(tab_gemm=tg, tab_elem=te, tab_comm=tc)

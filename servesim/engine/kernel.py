@@ -36,6 +36,7 @@ class EngineConfig(NamedTuple):
     warmup_time: float          # gaps of requests arriving before this are not histogrammed
     kv_bytes_per_token: float   # per GPU, for swap traffic
     log_size: int               # iteration samples kept (decimated)
+    frontend: float             # closed loop: a client's next request reaches the engine this long after it is sent
 
 
 class EngineOutput(NamedTuple):
@@ -314,7 +315,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
                         blocks[i] = 0
                         _drop_running(run, n_run, r, i)
                         if closed and known < n:
-                            arrival[known] = now
+                            arrival[known] = now + cfg.frontend
                             known += 1
             mb_n[r, s] = 0
             if n_run[r] == 0 and cfg.policy == C.STATIC:
@@ -336,7 +337,7 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
                 finish[i] = now
                 n_ended += 1
                 if closed and known < n:
-                    arrival[known] = now
+                    arrival[known] = now + cfg.frontend
                     known += 1
                 continue
             status[i] = C.WAITING

@@ -27,6 +27,7 @@ class EngineOptions:
     warmup_time: float = 0.0
     log_size: int = 20000
     num_gpu_blocks: int | None = None   # KV blocks per replica given by the user (None: from memory)
+    frontend: float = 0.0               # s from a client sending a request to the engine receiving it
 
 
 def _code(table: dict, value: str, option: str) -> int:
@@ -70,6 +71,7 @@ def engine_config(opts: EngineOptions, replica_cost) -> EngineConfig:
         concurrency=int(opts.concurrency),
         max_time=float(opts.duration), warmup_time=float(opts.warmup_time),
         kv_bytes_per_token=float(mem.kv_bytes_per_token), log_size=int(opts.log_size),
+        frontend=float(opts.frontend),
     )
 
 
@@ -93,12 +95,17 @@ def prefix_arrays(n: int, block_size: int, prompt, prefix_group=None, prefix_len
 
 def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int,
                prefix_group=None, prefix_len=None) -> EngineOutput:
-    """Run the kernel; ``prefix_group`` / ``prefix_len`` (from the workload) drive its prefix cache."""
-    arrival = np.ascontiguousarray(arrival, dtype=np.float64)
+    """Run the kernel; ``prefix_group`` / ``prefix_len`` (from the workload) drive its prefix cache.
+
+    ``arrival`` are the clients' send times; the engine receives each request ``cfg.frontend`` later
+    (the serving frontend: HTTP, tokenisation, the hop to the engine process, and the return of the
+    first token), so the records' arrival is the send time and TTFT and E2E include it."""
+    arrival = np.ascontiguousarray(arrival, dtype=np.float64) + cfg.frontend
     prompt = np.ascontiguousarray(prompt, dtype=np.int64)
     output = np.ascontiguousarray(output, dtype=np.int64)
     if cfg.concurrency > 0:
-        arrival = np.zeros_like(arrival)
+        arrival = np.full_like(arrival, cfg.frontend)
     u1, u2 = router_draws(prompt.shape[0], seed)
     group, hit = prefix_arrays(prompt.shape[0], cfg.block_size, prompt, prefix_group, prefix_len)
-    return EngineOutput(*simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit))
+    out = EngineOutput(*simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit))
+    return out._replace(arrival=out.arrival - cfg.frontend)

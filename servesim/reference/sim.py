@@ -17,7 +17,8 @@ Arrival. The router picks a replica (see `_route`); a request whose prompt + out
 in the KV cache (more blocks than capacity minus the watermark) is rejected on the spot, otherwise
 it joins the back of that replica's waiting queue. With `concurrency > 0` the run is closed-loop:
 the first `concurrency` requests are sent at their given times, and every request that ends (done
-or rejected) lets its client send the next request at that instant.
+or rejected) lets its client send the next request at that instant, which reaches the engine
+`frontend` later (arrival times here are the engine's).
 
 Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in flight):
   static    when nothing runs, admit waiting requests FCFS while their whole prompt + output
@@ -250,7 +251,7 @@ class ReferenceSimulator:
         self.ended += 1
         if self.cfg.concurrency > 0 and self.sent < len(self.requests):
             # the client of the request that ended sends the next one now
-            self.requests[self.sent].arrival = self.now
+            self.requests[self.sent].arrival = self.now + self.cfg.frontend
             self.sent += 1
 
     def wake(self, rep: Replica, at: float):
