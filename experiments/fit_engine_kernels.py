@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from servesim.calibrate import engine_kernels as ek  # noqa: E402
 from servesim.calibrate import vidur_dir  # noqa: E402
-from servesim.calibrate.operators import error_summary, predict_gemm as vidur_predict_gemm, read_vidur_mlp  # noqa: E402
+from servesim.calibrate.operators import predict_gemm as vidur_predict_gemm, read_vidur_mlp  # noqa: E402
 from servesim.config import load_hardware  # noqa: E402
 
 RESULTS = REPO / "experiments" / "results"

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # run from a checkout without installing
 
 from servesim.calibrate.profile_io import update_engine_profile  # noqa: E402
-from servesim.calibrate.serving import (FIT_KEYS, error_table, fit_engine, hardware_name,  # noqa: E402
+from servesim.calibrate.serving import (error_table, fit_engine, hardware_name,  # noqa: E402
                                         load_published, predict)
 from servesim.config import load_hardware  # noqa: E402
 from servesim.config.engine import load_engine  # noqa: E402

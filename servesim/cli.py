@@ -148,9 +148,12 @@ def _print_tree(d: dict, indent: int = 0):
 @click.option("--cached", default=0, show_default=True, type=int, help="Tokens already cached per prefill sequence.")
 @click.option("--decode-seqs", default=0, show_default=True, type=int)
 @click.option("--context", default=1024, show_default=True, type=int, help="Context length of each decode sequence.")
+@click.option("--engine", default="vllm", show_default=True, help="Engine profile: vllm, sglang, trtllm or a .toml path.")
+@click.option("--max-num-seqs", default=256, show_default=True, type=int,
+              help="Sets the engine's largest captured CUDA-graph batch.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, prefill_seqs, cached, decode_seqs,
-         context, fmt):
+         context, engine, max_num_seqs, fmt):
     """Time of one engine iteration with a breakdown per operator class.
 
     \b
@@ -165,14 +168,19 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
         raise ConfigError("--prefill-tokens, --decode-seqs, --context and --cached must be >= 0, --prefill-seqs >= 1")
     if prefill_tokens == 0 and decode_seqs == 0:
         raise ConfigError("empty batch: give --prefill-tokens N and/or --decode-seqs N")
-    m, h = load_model(model), load_hardware(hardware)
-    rc = build_replica(m, h, Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce))
+    from .config.engine import load_engine
+    if max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+    m, h, eng = load_model(model), load_hardware(hardware), load_engine(engine)
+    rc = build_replica(m, h, Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce),
+                       max_tokens=max(prefill_tokens + decode_seqs, 1), max_seqs=max_num_seqs, engine=eng)
     chunks = []
     if prefill_tokens:
         base, extra = divmod(prefill_tokens, prefill_seqs)
         chunks = [(base + (1 if i < extra else 0), cached) for i in range(prefill_seqs) if base + (i < extra) > 0]
     b = rc.iteration(Batch(prefill=tuple(chunks), decode=tuple([context] * decode_seqs)))
-    d = {"model": m.name, "hardware": h.name, "tp": tp, "pp": pp, "dtype": dtype,
+    d = {"model": m.name, "hardware": h.name, "engine": eng.name, "engine_fit": eng.fit_for(h).note,
+         "tp": tp, "pp": pp, "dtype": dtype,
          "prefill_tokens": prefill_tokens, "prefill_seqs": len(chunks), "decode_seqs": decode_seqs,
          "context": context, **b.as_dict(), "memory": rc.memory.as_dict()}
     d["tokens_per_s"] = (prefill_tokens + decode_seqs) / b.interval_s if b.interval_s > 0 else 0.0

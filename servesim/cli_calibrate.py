@@ -12,6 +12,22 @@ def _echo_warnings(items) -> None:
         click.echo(f"servesim: warning: {w}", err=True)
 
 
+def _deployment_table(rows) -> None:
+    """Per deployment and stage: measured (ms) and predicted / measured - 1 of each metric."""
+    metrics = ["e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean"]
+    click.echo("  measured ms (predicted / measured - 1):")
+    click.echo(f"  {'deployment':<58}" + "".join(f"{m:>17}" for m in metrics))
+    for label, part in rows.groupby("label", sort=False):
+        by = part.set_index("metric")
+        cells = []
+        for m in metrics:
+            if m in by.index and by.at[m, "predicted"] == by.at[m, "predicted"]:
+                cells.append(f"{by.at[m, 'measured']:>8.1f} ({100 * by.at[m, 'rel_error']:+4.0f}%)")
+            else:
+                cells.append(f"{'-':>15}")
+        click.echo(f"  {label[:58]:<58}" + "".join(f"{c:>17}" for c in cells))
+
+
 def _pct(v) -> str:
     return "-" if v != v else f"{100 * v:.1f}%"
 
@@ -151,6 +167,8 @@ def validate(suite, user_csv, quick, check, outdir, fmt):
             click.echo(f"  {'gpu':<16}{'metric':<30}{'n':>5}{'median':>9}{'p90':>9}")
             for r in s["table"].itertuples():
                 click.echo(f"  {r.gpu:<16}{r.metric:<30}{r.n:>5}{_pct(r.median_rel_err):>9}{_pct(r.p90_rel_err):>9}")
+            if res.kind == "vllm":
+                _deployment_table(res.rows)
         if outdir:
             click.echo(f"wrote per-row tables, summary.csv and parity.png to {outdir}")
     if check and failed:

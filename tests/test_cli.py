@@ -58,6 +58,18 @@ def test_cost_json_and_table():
     assert "bottleneck" in out and "communication" in out
 
 
+def test_cost_engine_profiles():
+    # the same batch under two engines: vLLM replays a CUDA graph (one launch, the engine's fitted host
+    # time), TensorRT-LLM enqueues its engine; both name the table they used
+    v = json.loads(run("cost", "--decode-seqs", "8", "--format", "json").output)
+    t = json.loads(run("cost", "--decode-seqs", "8", "--engine", "trtllm", "--format", "json").output)
+    assert v["engine"] == "vllm" and t["engine"] == "trtllm"
+    assert v["engine_fit"] == t["engine_fit"] == "fitted on h100-sxm"
+    h200 = json.loads(run("cost", "--decode-seqs", "8", "--hardware", "h200-sxm", "--format", "json").output)
+    assert "h100-sxm's fit" in h200["engine_fit"]
+    user_error("cost", "--decode-seqs", "8", "--engine", "vllx", must_contain=("unknown engine 'vllx'",))
+
+
 def test_cost_errors():
     user_error("cost", "--model", "llama-3.1-70b", "--decode-seqs", "1", must_contain=("needs", "GiB", "--tp 2"))
     user_error("cost", "--tp", "3", "--decode-seqs", "1", must_contain=("--tp 3",))

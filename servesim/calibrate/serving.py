@@ -64,14 +64,20 @@ def precision(text: str) -> tuple[str, str]:
     raise ConfigError(f"published row: unknown precision {text!r}; known: FP8..., BF16, FP16")
 
 
-def load_published(path: str | Path | None = None) -> pd.DataFrame:
-    p = Path(path) if path else DATA
+def read_measurements(path, required) -> pd.DataFrame:
+    """A measurement CSV with at least the ``required`` columns; a missing file or column is a ConfigError."""
+    p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such file")
     df = pd.read_csv(p)
-    missing = [c for c in REQUIRED if c not in df.columns]
+    missing = [c for c in required if c not in df.columns]
     if missing:
-        raise ConfigError(f"{p}: missing columns {', '.join(missing)}; expected {', '.join(REQUIRED)}")
+        raise ConfigError(f"{p}: missing columns {', '.join(missing)}; expected {', '.join(required)}")
+    return df
+
+
+def load_published(path: str | Path | None = None) -> pd.DataFrame:
+    df = read_measurements(path or DATA, REQUIRED)
     df = df[df.model.isin(MODELS)].copy()
     df["row"] = df.index
     return df.reset_index(drop=True)

@@ -49,14 +49,8 @@ REQUIRED = ("experiment", "stage", "model_config", "hardware", "tp", "precision"
 
 
 def load(path=None) -> pd.DataFrame:
-    p = Path(path) if path else DATA
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such file")
-    df = pd.read_csv(p)
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise ConfigError(f"{p}: missing columns {', '.join(missing)}")
-    return df
+    from .serving import read_measurements
+    return read_measurements(path or DATA, REQUIRED)
 
 
 def implied_output(df: pd.DataFrame) -> pd.Series:

@@ -351,6 +351,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                                               f"{s['hardware']} itself)"
         md.append(f"### {s['hardware']}: {kind}\n")
         md.append(f"Fit source: {s['fit_source']}\n")
+        md.append(f"Engine `{s['engine']}` on it: {s['engine_fit']}. Its table's source: {s['engine_fit_source']}\n")
         if s["errors"]:
             df = pd.DataFrame(s["errors"])
             md.append(f"Errors of `{s['calibrated_on']}` (training rows are for all GPUs together):\n")

@@ -70,11 +70,14 @@ def quoted_errors(calibrated: str, results_dir: Path = RESULTS_DIR) -> list[dict
     return rows
 
 
-def profile_status(name: str, results_dir: Path = RESULTS_DIR) -> dict:
+def profile_status(name: str, results_dir: Path = RESULTS_DIR, engine: str = "vllm") -> dict:
     from ..config import load_hardware
+    from ..config.engine import load_engine
     hw = load_hardware(name)
     own = hw.efficiency_from == ""
     calibrated = name if own else hw.efficiency_from
+    fit = load_engine(engine).fit_for(hw)
     return {"hardware": name, "own_fit": own, "calibrated_on": calibrated,
-            "fit_source": hw.efficiency.fit_source,
+            "fit_source": hw.efficiency.fit_source, "engine": engine, "engine_fit": fit.note,
+            "engine_fit_source": fit.fit_source,
             "errors": quoted_errors(calibrated, results_dir)}
