@@ -4,6 +4,7 @@ Units are converted once, here (schema and sources in ``hardware_profiles/README
 
 - ``peak_*_TFLOPS`` / ``peak_int8_TOPS``  x 1e12 -> FLOP/s (op/s for int8), dense, no sparsity
 - ``hbm_capacity_GB``                     x 1e9  -> bytes (decimal GB, as vendors print them)
+- ``device_memory_GiB``                   x 2**30 -> bytes (what the runtime reports as total memory)
 - ``*_GBps``                              x 1e9  -> bytes/s
 - ``scaleup_bandwidth_GBps`` is the vendor's total bidirectional figure per GPU; one direction is
   half of it (NVIDIA H100 datasheet: "NVLink: 900GB/s" = 18 links x 50 GB/s bidirectional).

@@ -58,15 +58,6 @@ def allreduce_time_nb(nbytes, n, bw, alpha, algorithm):
 
 
 @njit(cache=True)
-def custom_allreduce_time_nb(nbytes, n, bw, alpha):
-    """An engine's own all-reduce inside the scale-up domain (vLLM/SGLang custom all-reduce,
-    TensorRT-LLM's): a fixed time plus the two-shot volume 2(n-1)/n * S at the achieved bandwidth."""
-    if n <= 1 or nbytes <= 0.0:
-        return 0.0
-    return alpha + 2.0 * (n - 1) / n * nbytes / bw
-
-
-@njit(cache=True)
 def reduce_scatter_time_nb(nbytes, n, bw, alpha):
     """Ring reduce-scatter (or all-gather) of a buffer of nbytes total: (n-1)*alpha + (n-1)/n * S/B."""
     if n <= 1 or nbytes <= 0.0:

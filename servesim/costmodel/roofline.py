@@ -1,4 +1,6 @@
-"""Roofline primitives with size-dependent efficiency. Plain scalar functions, jitted.
+"""Roofline primitives with size-dependent efficiency (the eager-PyTorch GEMM curve of the hardware
+profiles, used by the training model and the per-operator calibration; serving engines price GEMMs
+with servesim/costmodel/kernels.py). Plain scalar functions, jitted.
 
 Roofline model: Williams, Waterman & Patterson, "Roofline", CACM 2009: a kernel takes
 max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth). Achieved FLOP/s for a GEMM grows
@@ -26,13 +28,6 @@ def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_tokens,
     t_c = flops / (peak * gemm_efficiency_nb(m, gemm_max, half_tokens))
     t_m = nbytes / (hbm_bw * hbm_fraction)
     return max(t_c, t_m) + latency
-
-
-@njit(cache=True)
-def gemm_compute_bound_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_tokens, hbm_fraction):
-    flops = 2.0 * m * k * n
-    nbytes = k * n * w_bytes + (m * k + m * n) * a_bytes
-    return flops / (peak * gemm_efficiency_nb(m, gemm_max, half_tokens)) >= nbytes / (hbm_bw * hbm_fraction)
 
 
 @njit(cache=True)
