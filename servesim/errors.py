@@ -11,3 +11,7 @@ class ConfigError(ServesimError):
 
 class InfeasibleError(ServesimError):
     """A well-formed configuration that cannot run (does not fit in memory, layout does not divide)."""
+
+
+class ServesimWarning(UserWarning):
+    """An option that does nothing in the given combination; the CLI prints it as one line."""
