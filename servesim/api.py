@@ -158,8 +158,21 @@ def _trace_info(cfg: SimConfig, workload, reqs) -> dict | None:
 
 
 def _check_blocks(cfg: SimConfig, ecfg, reqs) -> None:
-    """A --num-gpu-blocks too small for the longest request is a user error, not a run of rejections."""
-    if cfg.num_gpu_blocks is None or len(reqs.prompt) == 0:
+    """A --num-gpu-blocks too small for the longest request is a user error, not a run of rejections;
+    a replica too small for even the shortest request (every request rejected) is infeasible."""
+    if len(reqs.prompt) == 0:
+        return
+    shortest = int(np.min(reqs.prompt + reqs.output))
+    holds = ecfg.num_blocks - ecfg.watermark_blocks
+    if -(-shortest // ecfg.block_size) > holds and cfg.num_gpu_blocks is None:
+        from .errors import InfeasibleError
+        raise InfeasibleError(
+            f"every request would be rejected: the shortest needs {shortest} tokens = "
+            f"{-(-shortest // ecfg.block_size)} KV blocks of {ecfg.block_size}, more than the {holds} blocks "
+            f"({holds * ecfg.block_size} tokens) one replica of {cfg.model} at TP={cfg.tp} PP={cfg.pp} on "
+            f"{cfg.hardware} holds; use shorter --isl/--osl, a larger --tp, a smaller --kv-dtype or a higher "
+            "--gpu-memory-utilization")
+    if cfg.num_gpu_blocks is None:
         return
     longest = int(np.max(reqs.prompt + reqs.output))
     need = -(-longest // ecfg.block_size)
@@ -226,7 +239,8 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     summary = summarize(df, out, warmup=cfg.warmup, slo=parse_slo(cfg.slo), num_gpus_per_replica=rc.num_gpus,
                         replicas=cfg.replicas, usd_per_gpu_hour=price,
                         peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
-                        num_blocks=ecfg.num_blocks, offered_rate=rate, stages=cfg.stages)
+                        num_blocks=ecfg.num_blocks, offered_rate=rate, stages=cfg.stages,
+                        concurrency=cfg.concurrency)
     config = {k: getattr(cfg, k) for k in (f.name for f in fields(cfg))}
     config.update({"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
                    "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -126,10 +127,10 @@ def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
 
 def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
               replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
-              offered_rate: float | None, stages=None) -> dict:
+              offered_rate: float | None, stages=None, concurrency: int = 0) -> dict:
     """The summary of one run. `stages`: ((rate, duration_s), ...) of a load in stages, or None; with
     it the summary has a `stages` list (requests binned by arrival time) and saturation is judged per
-    stage (see `_queue_growth`)."""
+    stage (see `_queue_growth`). `concurrency`: the clients of a closed loop (0: open loop/offline)."""
     end = float(out.stats[K.STAT_END_TIME])
     measured = df[df.arrival_s >= warmup]
     done = measured[measured.status == "done"]
@@ -163,17 +164,23 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
                   (("gemm", K.STAT_GEMM), ("attention", K.STAT_ATTN), ("elementwise", K.STAT_ELEM),
                    ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
     arrivals_in = np.sort(measured.arrival_s.to_numpy())
-    finishes = done.finish_s.to_numpy()
-    ended_early = bool((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).any())
+    timeline = _timeline(df, done)
+    unfinished = int((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).sum())
     if stages is None:
-        growth, saturated = _queue_growth(arrivals_in, arrivals_in, done, finishes, offered_rate is not None)
+        growth, verdict, reason = _queue_growth(timeline, arrivals_in, offered_rate is not None)
+        if offered_rate is None:
+            verdict, reason = _closed_or_offline(concurrency, len(df))
         stage_list = None
     else:
-        stage_list = _stages(stages, df, measured, done, arrivals_in, finishes, slo, warmup, n_gpus)
-        decisive = next((st for st in stage_list if st["saturated"]), stage_list[-1])
+        stage_list = _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus)
+        decisive = next((st for st in stage_list if st["saturated"]), None) or next(
+            (st for st in stage_list if st["saturation_verdict"] == UNDETERMINED), stage_list[-1])
         growth = {"stage": decisive["stage"], **decisive["queue_growth"]}
-        saturated = any(st["saturated"] for st in stage_list)
-    saturated = ended_early or saturated
+        verdict = decisive["saturation_verdict"]
+        reason = f"stage {decisive['stage']}: {decisive['saturation_reason']}"
+    if unfinished:
+        verdict, reason = SATURATED, f"stopped by --duration with {unfinished} requests unfinished"
+    saturated = verdict == SATURATED
     metrics = {
         "ttft_ms": describe(done.ttft_s.to_numpy()),
         "tpot_ms": describe(done.tpot_s.to_numpy()),
@@ -188,6 +195,8 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "num_completed": int((df.status == "done").sum()),
         "num_rejected": int((df.status == "rejected").sum()),
         "saturated": bool(saturated),
+        "saturation_verdict": verdict,
+        "saturation_reason": reason,
         "queue_growth": growth,
         "duration_s": end,
         **metrics,
@@ -222,35 +231,101 @@ def _itl_mean(done: pd.DataFrame) -> float:
     return float((gaps_done.finish_s - gaps_done.first_token_s).sum() / n_gaps) if n_gaps else float("nan")
 
 
-def _queue_growth(arrivals_all: np.ndarray, arrivals_in: np.ndarray, done: pd.DataFrame, finishes: np.ndarray,
-                  open_loop: bool) -> tuple[dict, bool]:
-    """Saturation evidence over the second half of `arrivals_in` (sorted arrival times: the whole run,
-    or one stage); `arrivals_all` (sorted) and `finishes` (of completed requests) are the whole run's.
+STABLE, SATURATED, UNDETERMINED = "stable", "saturated", "undetermined"
+MIN_WINDOW_ARRIVALS = 50     # arrivals in the judged window below which no verdict is given
+MAX_ADMISSION_LAG = 0.10     # admissions more than 10% behind arrivals: the waiting queue grows
+MAX_QUEUE_SLOPE = 0.05       # s of queueing delay per s of arrival time (lambda > 1.05 mu)
 
-    In a stable system departures in a window match arrivals in it (up to the change in the number in
-    system, small against the window); above capacity they stay at the service rate. And the queueing
-    delay of the later arrivals grows with their arrival time: above capacity it grows at
-    lambda/mu - 1 seconds per second; a slope over 0.05 means lambda > 1.05 mu."""
+
+class _Timeline(NamedTuple):
+    """Sorted event times of one run, on the clients' clock."""
+    arrivals: np.ndarray      # every request's arrival
+    finishes: np.ndarray      # completions
+    queued: np.ndarray        # arrivals of the requests that queued (all but the rejected ones)
+    admitted: np.ndarray      # first admissions to a batch of those (never admitted: absent)
+    late: pd.DataFrame        # arrival_s, queue_s of the admitted requests, by arrival
+
+
+def _timeline(df: pd.DataFrame, done: pd.DataFrame) -> _Timeline:
+    frontend = (df.engine_arrival_s - df.arrival_s).to_numpy()
+    queued = df[df.status != "rejected"]
+    sched = queued.scheduled_s.to_numpy() - frontend[(df.status != "rejected").to_numpy()]
+    adm = queued[np.isfinite(sched)]
+    return _Timeline(np.sort(df.arrival_s.to_numpy()), np.sort(done.finish_s.to_numpy()),
+                     np.sort(queued.arrival_s.to_numpy()), np.sort(sched[np.isfinite(sched)]),
+                     adm[["arrival_s", "queue_s"]])
+
+
+def _count(sorted_x: np.ndarray, lo: float, hi: float) -> int:
+    """Number of x in (lo, hi]."""
+    return int(np.searchsorted(sorted_x, hi, side="right") - np.searchsorted(sorted_x, lo, side="right"))
+
+
+def _queue_growth(tl: _Timeline, arrivals_in: np.ndarray, open_loop: bool) -> tuple[dict, str, str]:
+    """(evidence, verdict, reason) over the second half of `arrivals_in` (sorted arrival times: the
+    whole run, or one stage): the judged window runs from its middle arrival to its last one.
+
+    Saturated: the waiting queue grows. In a stable system the requests admitted to a batch in the
+    window match the arrivals in it (up to the change in the waiting queue, small against the
+    window); above capacity admissions stay at the service rate. And the queueing delay of the
+    window's arrivals grows with their arrival time: above capacity at lambda/mu - 1 seconds per
+    second; a slope over 0.05 means lambda > 1.05 mu. Requests in flight (admitted, not finished) are
+    not growth: an LLM server holds a whole batch of them, so completions always trail arrivals by
+    about lambda x the response time.
+
+    Undetermined ("too few requests"): fewer than 50 arrivals in the window, or fewer completions in
+    it than requests still in flight at its end -- a run short against a response time, in which a
+    growing backlog may still be hiding in a filling batch. Otherwise stable."""
     n_arr = arrivals_in.size
     last_arr = float(arrivals_in[-1]) if n_arr else 0.0
     t_mid = float(arrivals_in[n_arr // 2]) if n_arr else 0.0
     arr_w = int(n_arr - n_arr // 2)
-    dep_w = int(((finishes > t_mid) & (finishes <= last_arr)).sum())
-    arrived = int(np.searchsorted(arrivals_all, last_arr, side="right")) if n_arr else 0
-    in_system_end = arrived - int((finishes <= last_arr).sum())
-    growth = in_system_end / arrived if arrived else 0.0
+    queued_w = _count(tl.queued, t_mid, last_arr) if n_arr else 0
+    adm_w = _count(tl.admitted, t_mid, last_arr) if n_arr else 0
+    dep_w = _count(tl.finishes, t_mid, last_arr) if n_arr else 0
+    arrived = int(np.searchsorted(tl.arrivals, last_arr, side="right")) if n_arr else 0
+    in_system_end = arrived - int(np.searchsorted(tl.finishes, last_arr, side="right")) if n_arr else 0
+    waiting_end = (int(np.searchsorted(tl.queued, last_arr, side="right"))
+                   - int(np.searchsorted(tl.admitted, last_arr, side="right"))) if n_arr else 0
     open_loop = open_loop and last_arr > t_mid
-    late = done[(done.arrival_s > t_mid) & (done.arrival_s <= last_arr)]
+    late = tl.late[(tl.late.arrival_s > t_mid) & (tl.late.arrival_s <= last_arr)]
     slope = 0.0
-    if open_loop and len(late) >= 50 and np.ptp(late.arrival_s.to_numpy()) > 0:
+    if open_loop and len(late) >= MIN_WINDOW_ARRIVALS and np.ptp(late.arrival_s.to_numpy()) > 0:
         slope = float(np.polyfit(late.arrival_s.to_numpy(), late.queue_s.to_numpy(), 1)[0])
-    saturated = open_loop and arr_w >= 50 and (dep_w < 0.9 * arr_w or slope > 0.05)
-    return ({"in_system_at_last_arrival": int(in_system_end), "fraction_of_arrivals": growth,
-             "late_window_departures_per_arrival": dep_w / arr_w if arr_w else None,
-             "queue_delay_slope": slope}, bool(saturated))
+    evidence = {"window_arrivals": arr_w, "window_admissions": adm_w, "window_completions": dep_w,
+                "in_system_at_last_arrival": int(in_system_end), "waiting_at_last_arrival": int(waiting_end),
+                "fraction_of_arrivals": in_system_end / arrived if arrived else 0.0,
+                "late_window_admissions_per_arrival": adm_w / queued_w if queued_w else None,
+                "late_window_departures_per_arrival": dep_w / arr_w if arr_w else None,
+                "queue_delay_slope": slope}
+    if not open_loop or arr_w < MIN_WINDOW_ARRIVALS:
+        return evidence, UNDETERMINED, (f"too few requests: {arr_w} arrivals in the judged window (the second "
+                                        f"half of the arrivals), {MIN_WINDOW_ARRIVALS} needed; use more requests")
+    if adm_w < (1.0 - MAX_ADMISSION_LAG) * queued_w:
+        return evidence, SATURATED, (f"the waiting queue grows: {adm_w} of {queued_w} arrivals in the judged "
+                                     f"window admitted ({waiting_end} waiting at the last arrival)")
+    if slope > MAX_QUEUE_SLOPE:
+        return evidence, SATURATED, (f"queueing delay grows {slope:.3f} s per s of arrival time "
+                                     f"(> {MAX_QUEUE_SLOPE})")
+    if dep_w < in_system_end:
+        return evidence, UNDETERMINED, (f"too few requests: the judged window holds {dep_w} completions but "
+                                        f"{in_system_end} requests are still in flight at its end (the run is "
+                                        "short against a response time); use more requests")
+    return evidence, STABLE, (f"the waiting queue does not grow: {adm_w} of {queued_w} arrivals in the judged "
+                              f"window admitted, queueing-delay slope {slope:.3f} s/s")
 
 
-def _stages(stages, df, measured, done, arrivals_all, finishes, slo, warmup, n_gpus) -> list[dict]:
+def _closed_or_offline(concurrency: int, n: int) -> tuple[str, str]:
+    """Verdict of a run without an arrival rate."""
+    if concurrency > 0 and concurrency < n:
+        return STABLE, f"closed loop: at most {concurrency} requests outstanding, the queue cannot grow"
+    if concurrency > 0:
+        return UNDETERMINED, (f"closed loop with {concurrency} clients for {n} requests: every request is sent "
+                              "at t = 0, in effect an offline run; use --concurrency below --num-requests")
+    return UNDETERMINED, "offline: every request arrives at t = 0, there is no arrival rate to keep up with"
+
+
+def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[dict]:
     """One entry per stage, over the requests arriving in it (stage k: [T_k, T_k + duration_k))."""
     durations = np.array([d for _, d in stages], dtype=np.float64)
     starts = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
@@ -265,7 +340,7 @@ def _stages(stages, df, measured, done, arrivals_all, finishes, slo, warmup, n_g
         start = float(starts[k])
         d = done[k_done == k]
         arr_k = np.sort(measured.arrival_s.to_numpy()[k_meas == k])
-        growth, saturated = _queue_growth(arrivals_all, arr_k, done, finishes, True)
+        growth, verdict, reason = _queue_growth(timeline, arr_k, True)
         t0 = max(start, warmup)
         t1 = float(d.finish_s.max()) if len(d) else start + float(dur)
         window = max(t1 - t0, 1e-12)
@@ -278,7 +353,8 @@ def _stages(stages, df, measured, done, arrivals_all, finishes, slo, warmup, n_g
                 v["met"] = None
         out.append({"stage": k, "rate": float(rate), "start_s": start, "duration_s": float(dur),
                     "num_requests": int((k_all == k).sum()), "num_measured": int(arr_k.size),
-                    "num_completed": int(len(d)), "saturated": saturated, "queue_growth": growth, **lat,
+                    "num_completed": int(len(d)), "saturated": verdict == SATURATED,
+                    "saturation_verdict": verdict, "saturation_reason": reason, "queue_growth": growth, **lat,
                     "throughput": _throughput(d, window, n_gpus), "slo": slo_report,
                     "slo_attainment": attainment, "goodput_requests_per_s": goodput})
     return out

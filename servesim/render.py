@@ -13,7 +13,9 @@ def _load(s: dict, c: dict) -> str:
     if c["offline"]:
         return "offline (all at t=0)" + n
     if c["concurrency"]:
-        return f"closed loop, {c['concurrency']} clients" + n
+        offline = (f" (more clients than the {s['num_requests']} requests: in effect offline)"
+                   if c["concurrency"] >= s["num_requests"] else "")
+        return f"closed loop, {c['concurrency']} clients" + offline + n
     if c.get("stages"):
         parts = ", ".join(f"{r:g} req/s x {d:g} s" for r, d in c["stages"])
         return f"{c['arrival']} arrivals in {len(c['stages'])} stage(s): {parts}" + n
@@ -42,8 +44,14 @@ def _stage_lines(stages: list) -> list[str]:
         lines.append(f"{st['stage']:<7}{st['rate']:>7.3g}{window:>14}{st['num_requests']:>10}"
                      + f"{' / '.join(_f(e[k], '{:.0f}') for k in ('mean', 'p90', 'p99')):>26}"
                      + f"{' / '.join(_f(t[k]) for k in ('mean', 'p90', 'p99')):>26}"
-                     + f"  {'SATURATED' if st['saturated'] else 'stable'}")
+                     + f"  {_verdict(st)}")
     return lines
+
+
+def _verdict(s: dict) -> str:
+    """SATURATED, stable or undetermined (`saturated` alone in summaries written before the verdict)."""
+    v = s.get("saturation_verdict") or ("saturated" if s["saturated"] else "stable")
+    return "SATURATED" if v == "saturated" else v
 
 
 def summary_table(s: dict) -> str:
@@ -54,8 +62,12 @@ def summary_table(s: dict) -> str:
         f"engine {c['engine']}/{c['scheduler']}, {_workload(c)}",
         "load      " + _load(s, c) + f", seed {c['seed']}",
         f"status    {s['num_completed']} completed, {s['num_rejected']} rejected, "
-        f"{'SATURATED' if s['saturated'] else 'stable'}, simulated {s['duration_s']:.1f} s, "
+        f"{_verdict(s)}, simulated {s['duration_s']:.1f} s, "
         f"{s['iterations']} iterations, {s['preemptions']} preemptions",
+    ]
+    if s.get("saturation_verdict", "stable") != "stable" and s.get("saturation_reason"):
+        lines.append(f"          {_verdict(s)}: {s['saturation_reason']}")
+    lines += [
         "",
         f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}",
     ]
