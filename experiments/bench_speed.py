@@ -9,29 +9,28 @@ the first-call (compiling) time and a cached start of `servesim simulate` with 1
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def clear_numba_cache():
-    for d in (ROOT / "servesim").rglob("__pycache__"):
-        for f in d.iterdir():
-            if f.suffix in (".nbi", ".nbc"):
-                f.unlink()
-
-
 def cold_compile_seconds() -> float:
-    """A fresh interpreter with an empty numba cache: import + compile + a 100-request run."""
-    clear_numba_cache()
+    """A fresh interpreter with an empty numba cache: import + compile + a 100-request run.
+
+    The cache is a new, empty NUMBA_CACHE_DIR (a temporary folder), so nothing cached anywhere else
+    (the package's __pycache__, another NUMBA_CACHE_DIR) is used or deleted."""
     code = "import servesim; servesim.simulate(num_requests=100)"
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-    return time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="servesim-cold-") as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
+        return time.perf_counter() - t0
 
 
 def cached_cli_seconds(n: int) -> float:

@@ -1,38 +1,146 @@
-"""Keep numba's on-disk cache honest.
+"""Keep numba's on-disk cache honest, wherever numba keeps it.
 
 numba invalidates a cached function only when its own file changes, not when a jitted function it
-calls (in another file) does: after editing the cost model, the engine would silently run the old
-formulas. On import we hash every servesim source file that defines jitted code; when the hash
-differs from the one stored beside the cache, all of servesim's cache files are dropped and
-numba recompiles. Caching stays a speed-up, never a correctness requirement.
+calls, or a constant it reads, lives in another file: after editing the cost model, the engine would
+silently run the old formulas. On import we hash the content of every servesim source that jitted
+code can reach (the files defining `@njit` functions and, transitively, the servesim modules they
+import) and compare it with a stamp kept in each folder numba caches those files in -- the one
+numba may pick: `NUMBA_CACHE_DIR` when set, the package's `__pycache__`, the user-wide cache
+(`numba.core.caching`'s locators, in that order). On a mismatch that folder's compiled files
+(`*.nbi`, `*.nbc`) are dropped and numba recompiles.
+Caching stays a speed-up, never a correctness requirement.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
+import os
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent
-_STAMP = _ROOT / "__pycache__" / "numba-sources.sha256"
+_ROOT = Path(os.path.abspath(__file__)).parent   # as numba sees the sources (not resolved)
+_PACKAGE = _ROOT.name
+STAMP_NAME = "servesim-numba-sources.sha256"
 
 
-def _sources_digest() -> str:
+def _module_file(dotted: str) -> Path | None:
+    p = _ROOT.parent.joinpath(*dotted.split("."))
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    q = p.with_suffix(".py")
+    return q if q.is_file() else None
+
+
+def _imports(path: Path, tree: ast.AST) -> set[Path]:
+    """The servesim source files that `path` imports (absolute or relative imports)."""
+    parts = list(path.relative_to(_ROOT.parent).with_suffix("").parts)
+    package = parts[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if name == _PACKAGE or name.startswith(_PACKAGE + "."):
+                f = _module_file(name)
+                if f is not None:
+                    out.add(f)
+    return out
+
+
+def jitted_sources() -> list[Path]:
+    """Every servesim file defining jitted code, plus the servesim modules they import, transitively."""
+    texts = {p: p.read_bytes() for p in _ROOT.rglob("*.py") if p.name != "_jitcache.py"}
+    todo = [p for p, t in texts.items() if b"njit" in t or b"numba.jit" in t]
+    seen: set[Path] = set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p not in texts:
+            continue
+        seen.add(p)
+        try:
+            tree = ast.parse(texts[p])
+        except SyntaxError:
+            continue   # numba will report it when the module is imported
+        todo.extend(_imports(p, tree) - seen)
+    return sorted(seen)
+
+
+def sources_digest(files: list[Path] | None = None) -> str:
     h = hashlib.sha256()
-    for p in sorted(_ROOT.rglob("*.py")):
-        text = p.read_bytes()
-        if b"njit" in text:
-            h.update(str(p.relative_to(_ROOT)).encode())
-            h.update(text)
+    for p in files if files is not None else jitted_sources():
+        h.update(str(p.relative_to(_ROOT)).encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 
+def _numba_cache_dir() -> str:
+    """`NUMBA_CACHE_DIR` as numba reads it (its config once imported, else the environment)."""
+    import sys
+    config = getattr(sys.modules.get("numba.core.config"), "CACHE_DIR", None)
+    return config if config is not None else os.environ.get("NUMBA_CACHE_DIR", "")
+
+
+def _user_wide_cache() -> Path:
+    """numba's user-wide cache folder (its vendored appdirs.user_cache_dir("numba"))."""
+    import sys
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "numba" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "numba"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numba"
+
+
+def cache_dirs(files: list[Path]) -> dict[Path, bool]:
+    """Every folder numba may cache the functions defined in `files` in, for its locators in order:
+    `NUMBA_CACHE_DIR`/<folder>_<sha1 of the source folder> when set, the source folder's
+    `__pycache__`, and the user-wide cache (used when `__pycache__` is not writable). All of them
+    are checked, so a stale file is dropped whichever numba picks; numba itself is not imported.
+    Maps each folder to whether to create it (not the user-wide one: it may never be used)."""
+    dirs: dict[Path, bool] = {}
+    user_dir = _numba_cache_dir()
+    for folder in {p.parent for p in files if b"njit" in p.read_bytes() or b"numba.jit" in p.read_bytes()}:
+        sub = folder.name + "_" + hashlib.sha1(str(folder).encode()).hexdigest()   # numba's subpath
+        if user_dir:
+            dirs[Path(user_dir) / sub] = True
+        dirs[folder / "__pycache__"] = True
+        dirs[_user_wide_cache() / sub] = False
+    return dirs
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def ensure_fresh() -> None:
+    """Drop numba's compiled servesim code wherever it is cached if any jitted source changed."""
     try:
-        digest = _sources_digest()
-        if _STAMP.is_file() and _STAMP.read_text().strip() == digest:
-            return
-        for f in _ROOT.rglob("__pycache__/*.nb[ic]"):
-            f.unlink(missing_ok=True)
-        _STAMP.parent.mkdir(exist_ok=True)
-        _STAMP.write_text(digest + "\n")
+        files = jitted_sources()
+        digest = sources_digest(files)
+        dirs = cache_dirs(files)
     except OSError:
-        pass   # read-only install: numba cannot cache there either
+        return
+    for d, create in dirs.items():
+        stamp = d / STAMP_NAME
+        try:
+            if stamp.is_file() and stamp.read_text().strip() == digest:
+                continue
+            if d.is_dir():
+                for f in list(d.iterdir()):
+                    if f.suffix in (".nbi", ".nbc"):
+                        f.unlink(missing_ok=True)
+            elif not create:
+                continue
+            d.mkdir(parents=True, exist_ok=True)
+            _write_atomic(stamp, digest + "\n")
+        except OSError:
+            pass   # read-only: numba cannot cache there either
