@@ -280,6 +280,9 @@ def _read_efficiency(table: Table) -> Efficiency:
 
 def _borrow_efficiency(top: Table, path: Path, source_name: str) -> Efficiency:
     """The [efficiency] of profile ``source_name``: a sibling file first, else the shipped one."""
+    if not source_name or any(c in source_name for c in "/\\:") or source_name.startswith("."):
+        raise top.error("efficiency_from", f"must name a profile (a file stem such as 'h100-sxm'), not a path; "
+                                           f"got {source_name!r}")
     candidates = [path.parent / f"{source_name}.toml", hardware_dir() / f"{source_name}.toml"]
     source = next((p for p in candidates if p.is_file()), None)
     if source is None:

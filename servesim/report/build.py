@@ -17,6 +17,8 @@ Default sweep rates: 6 geometric rates from 0.15 to 1.2 x the largest per-replic
 """
 from __future__ import annotations
 
+import html
+import re
 import shlex
 import time
 from dataclasses import dataclass, replace
@@ -172,6 +174,24 @@ def compare_section(spec: ReportSpec, rate: float) -> tuple[pd.DataFrame | None,
 
 
 # ---------------------------------------------------------------- markdown helpers
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md_text(v) -> str:
+    """Text from options or user files (names, descriptions, sources, messages) for report.md: one
+    line, HTML escaped (&, <, >) and markdown escaped (emphasis, code, links, table pipes), so it
+    reads as the text it is and cannot add markup, links, images or HTML to the report."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(" ".join(str(v).split()), quote=False))
+
+
+def md_code(v) -> str:
+    """`v` as one inline code span, fenced by more backticks than it contains (CommonMark)."""
+    s = " ".join(str(v).split())
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
+    pad = " " if len(fence) > 1 else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
 def _fmt(v, spec="{:.3g}"):
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "-"
@@ -181,7 +201,7 @@ def _fmt(v, spec="{:.3g}"):
         return str(int(v))
     if isinstance(v, (float, np.floating)):
         return spec.format(float(v))
-    return str(v)
+    return md_text(v)
 
 
 def md_table(df: pd.DataFrame, columns: dict) -> str:
@@ -254,19 +274,21 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     elapsed = time.perf_counter() - t0
 
     md = []
-    md.append(f"# servesim report: {spec.model} on {', '.join(spec.hardware)}, `{spec.workload}` workload\n")
+    md.append(f"# servesim report: {md_text(spec.model)} on {md_text(', '.join(spec.hardware))}, "
+              f"{md_code(spec.workload)} workload\n")
     md.append("Regenerate this report (every number below is produced by this command):\n")
-    md.append(f"```bash\n{command}\n```\n")
+    fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", command)), default=0) + 1)
+    md.append(f"{fence}bash\n{command}\n{fence}\n")
     md.append(f"servesim {__version__}; built in {elapsed:.1f} s. Tables behind the figures: `sweep.csv`, "
               "`breakdown.csv`, `plan_candidates.csv`, `compare.csv`.\n")
     md.append("## Scenario\n")
-    md.append(f"- model `{spec.model}`, weights {spec.dtype}, engine preset `vllm`\n"
-              f"- workload `{spec.workload}` ({workload.description.strip()}); mean prompt {isl:.0f} tokens, "
+    md.append(f"- model {md_code(spec.model)}, weights {md_text(spec.dtype)}, engine preset `vllm`\n"
+              f"- workload {md_code(spec.workload)} ({md_text(workload.description)}); mean prompt {isl:.0f} tokens, "
               f"mean output {osl:.0f} tokens (over {min(spec.num_requests, 4000)} sampled requests, seed {spec.seed})\n"
-              f"- SLO `{spec.slo}`; target load {rate:g} req/s "
+              f"- SLO {md_code(spec.slo)}; target load {rate:g} req/s "
               f"({'--rate' if spec.rate is not None else 'the workload default'})\n"
               f"- serving layout per hardware (smallest TP in 1, 2, 4, 8 whose weights and a KV cache fit): "
-              + ", ".join(f"{h} TP={t}" for h, t in tps.items()) + "\n"
+              + ", ".join(f"{md_text(h)} TP={t}" for h, t in tps.items()) + "\n"
               f"- {spec.num_requests} Poisson requests per simulation, seed {spec.seed}\n")
 
     md.append("## Latency and throughput vs load\n")
@@ -287,7 +309,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
 
     md.append("## Where the time goes in one iteration\n")
     md.append(f"Cost model (`servesim cost`), one replica, workload mean lengths; B = the mean batch size "
-              f"simulated at {rate:g} req/s (" + ", ".join(f"{h}: {b}" for h, b in bsizes.items()) + "). "
+              f"simulated at {rate:g} req/s (" + ", ".join(f"{md_text(h)}: {b}" for h, b in bsizes.items()) + "). "
               "The steady-state row adds the prefill tokens of the B / osl requests that arrive per "
               "iteration, as one chunk. `bottleneck` = the largest part, with whether it is compute- or "
               "memory-bound.\n")
@@ -298,11 +320,11 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                              "gemm_bound": "GEMM bound", "bottleneck": "bottleneck"}) + "\n")
 
     md.append("## Cheapest configurations meeting the SLO\n")
-    md.append(f"`servesim plan` at {rate:g} req/s over {', '.join(spec.hardware)}, {spec.dtype}, TP 1/2/4/8, "
+    md.append(f"`servesim plan` at {rate:g} req/s over {md_text(', '.join(spec.hardware))}, {md_text(spec.dtype)}, TP 1/2/4/8, "
               f"up to {spec.max_gpus} GPUs, 10% headroom under each target; {planned.simulations} simulations.\n")
     if planned.best:
         b = planned.best
-        md.append(f"**Cheapest:** {b['hardware']} TP={b['tp']} x {_n(b['replicas'], 'replica')} ({_n(b['num_gpus'], 'GPU')}), "
+        md.append(f"**Cheapest:** {md_text(b['hardware'])} TP={b['tp']} x {_n(b['replicas'], 'replica')} ({_n(b['num_gpus'], 'GPU')}), "
                   f"${b['usd_per_hour']:.2f}/h, ${b['usd_per_million_output_tokens']:.3g} per million output "
                   f"tokens, TTFT p99 {b['metrics']['ttft_ms']['p99']:.0f} ms, TPOT p99 "
                   f"{b['metrics']['tpot_ms']['p99']:.1f} ms; it also meets the SLO with seed "
@@ -310,7 +332,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                       f", and {_n(b['replicas'] - 1, 'replica')} do not" if "one_replica_fewer" in b["checks"] else "")
                   + ".\n")
     else:
-        md.append(f"**No configuration meets the SLO:** {planned.why_not}\n")
+        md.append(f"**No configuration meets the SLO:** {md_text(planned.why_not)}\n")
     meets = cand[cand.status == "meets_slo"] if "status" in cand.columns else cand.iloc[:0]
     if len(meets):
         md.append(md_table(meets.head(8), {"hardware": "hardware", "dtype": "dtype", "tp": "TP",
@@ -327,7 +349,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
 
     md.append("## Training vs serving cost\n")
     if cmp_df is None:
-        md.append(f"Not computed: {cmp_err}\n")
+        md.append(f"Not computed: {md_text(cmp_err)}\n")
     else:
         md.append(f"Training on {spec.train_tokens:.3g} tokens with {spec.train_gpus} GPUs (fastest layout "
                   f"that fits, bf16, sequence 8192, global batch 1024) against serving at {rate:g} req/s "
@@ -347,18 +369,19 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
               "efficiencies). Errors are |predicted / measured - 1|, quoted from the calibration reports "
               "(regenerate them with the scripts in `experiments/`, see `experiments/README.md`).\n")
     for s in status:
-        kind = "own fit" if s["own_fit"] else f"borrowed from `{s['calibrated_on']}` (no measurements of " \
-                                              f"{s['hardware']} itself)"
-        md.append(f"### {s['hardware']}: {kind}\n")
-        md.append(f"Fit source: {s['fit_source']}\n")
-        md.append(f"Engine `{s['engine']}` on it: {s['engine_fit']}. Its table's source: {s['engine_fit_source']}\n")
+        kind = "own fit" if s["own_fit"] else f"borrowed from {md_code(s['calibrated_on'])} (no measurements of " \
+                                              f"{md_text(s['hardware'])} itself)"
+        md.append(f"### {md_text(s['hardware'])}: {kind}\n")
+        md.append(f"Fit source: {md_text(s['fit_source'])}\n")
+        md.append(f"Engine {md_code(s['engine'])} on it: {md_text(s['engine_fit'])}. Its table's source: "
+                  f"{md_text(s['engine_fit_source'])}\n")
         if s["errors"]:
             df = pd.DataFrame(s["errors"])
-            md.append(f"Errors of `{s['calibrated_on']}` (training rows are for all GPUs together):\n")
+            md.append(f"Errors of {md_code(s['calibrated_on'])} (training rows are for all GPUs together):\n")
             md.append(md_table(df, {"report": "check", "what": "rows", "n": "n", "median": "median error",
                                     "p90": "p90 error", "file": "source"}) + "\n")
         else:
-            md.append(f"No measurements of `{s['calibrated_on']}` in the calibration reports.\n")
+            md.append(f"No measurements of {md_code(s['calibrated_on'])} in the calibration reports.\n")
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
@@ -375,9 +398,9 @@ def _sweep_findings(df: pd.DataFrame) -> str:
         ok = g[(g.slo_met.astype(bool)) & (~g.saturated.astype(bool))]
         if len(ok):
             r = ok.sort_values("rate").iloc[-1]
-            lines.append(f"- {hw} TP={tp}: highest swept rate meeting the SLO {r.rate:g} req/s "
+            lines.append(f"- {md_text(hw)} TP={tp}: highest swept rate meeting the SLO {r.rate:g} req/s "
                          f"({r.throughput_output_tokens_per_s:.0f} output tok/s, "
                          f"${r.cost_usd_per_million_output_tokens:.3g}/M output tokens).")
         else:
-            lines.append(f"- {hw} TP={tp}: no swept rate meets the SLO on one replica.")
+            lines.append(f"- {md_text(hw)} TP={tp}: no swept rate meets the SLO on one replica.")
     return "\n".join(lines)

@@ -261,11 +261,19 @@ def _length_spec(p: Path, section: str, table: dict, traces: dict, where) -> tup
 
 
 def _resolve_trace(p: Path, name, at: str) -> Path:
+    """The trace a workload file names: a relative path to a .csv inside the workload's folder or
+    workloads/traces/ (no absolute path, no '..', no link leading out), so that a workload file can
+    only make servesim read traces, never another file."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{at}: trace = {name!r}; use a CSV file name under workloads/traces/")
+    rel = Path(name)
+    if rel.is_absolute() or rel.drive or ".." in rel.parts or rel.suffix.lower() != ".csv":
+        raise ConfigError(f"{at}: trace = {name!r} is not a .csv file inside the workload's folder or "
+                          "workloads/traces/; use a relative path without '..', e.g. trace = \"splitwise_conv.csv\"")
     for base in (p.parent, traces_dir()):
-        cand = (base / name).resolve()
-        if cand.is_file():
+        root = base.resolve()
+        cand = (root / rel).resolve()
+        if cand.is_file() and cand.is_relative_to(root):
             return cand
     shipped = sorted(q.name for q in traces_dir().glob("*.csv"))
     raise ConfigError(f"{at}: trace {name!r} not found next to {p.name} or in workloads/traces/; "

@@ -142,13 +142,28 @@ def _detect(p: Path, header: list[str]) -> _Format:
     for fmt in FORMATS:
         if all(c in have for c in fmt.required):
             return fmt
-    # No full match: report the format the header is closest to, and what it lacks.
+    # No full match: report the format the header is closest to, and what it lacks. The message names
+    # only the columns servesim knows: a file that is not a trace (a path gone wrong) is never echoed.
     best = max(FORMATS, key=lambda f: sum(c in have for c in f.required))
     if any(c in have for c in best.required):
         missing = [c for c in best.required if c not in have]
+        known = [c for c in header if c in _KNOWN_COLUMNS]
+        others = len(header) - len(known)
+        found = ", ".join(known) + (f" and {others} other column(s)" if others else "")
         raise ConfigError(f"{p}:1: missing column(s) {', '.join(missing)} for the {best.name} trace format "
-                          f"(found: {', '.join(header)}; expected: {','.join(best.required)})")
-    raise ConfigError(f"{p}:1: unrecognised trace header (found: {', '.join(header)}); {_EXPECTED}")
+                          f"(found: {found}; expected: {','.join(best.required)})")
+    raise ConfigError(f"{p}:1: unrecognised trace header ({len(header)} column(s), none a trace column; "
+                      f"is this a trace?); {_EXPECTED}")
+
+
+_KNOWN_COLUMNS = {c for f in FORMATS for c in (f.time, f.prompt, f.output) if c} | {"Model", "Total tokens",
+                                                                                  "Log Type"}
+
+
+def _quote(raw, limit: int = 40) -> str:
+    """A cell of a recognised trace, for an error message: repr (control characters escaped), cut."""
+    text = str(raw).strip()
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _numeric(p: Path, col: pd.Series, line: np.ndarray, name: str) -> np.ndarray:
@@ -161,7 +176,7 @@ def _numeric(p: Path, col: pd.Series, line: np.ndarray, name: str) -> np.ndarray
     if bad.size:
         i = int(bad[0])
         raw = col.iloc[i]
-        what = "an empty value" if pd.isna(raw) else f"non-numeric value {str(raw).strip()!r}"
+        what = "an empty value" if pd.isna(raw) else f"non-numeric value {_quote(raw)}"
         raise ConfigError(f"{p}:{line[i]}: column '{name}' has {what}; use a number")
     return x
 
@@ -198,7 +213,7 @@ def _timestamps(p: Path, col: pd.Series, line: np.ndarray, name: str) -> np.ndar
     if bad.size:
         i = int(bad[0])
         raw = col.iloc[i]
-        what = "an empty value" if pd.isna(raw) else f"unparsable date-time {str(raw).strip()!r}"
+        what = "an empty value" if pd.isna(raw) else f"unparsable date-time {_quote(raw)}"
         raise ConfigError(f"{p}:{line[i]}: column '{name}' has {what}; "
                           "use e.g. 2023-11-16 18:15:46.6805900")
     if getattr(ts.dt, "tz", None) is not None:
