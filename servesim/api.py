@@ -11,6 +11,7 @@ import pandas as pd
 from .config import load_hardware, load_model
 from .costmodel import Layout, build_replica
 from .config.engine import load_engine, with_fit_for
+from .engine.budget import check_run_memory
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
 from .metrics import parse_slo, requests_frame, summarize
@@ -205,6 +206,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     cfg = replace(config or SimConfig(), **options)
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     rc = replica_of(cfg, model, hw, engine_profile)
+    check_run_memory(cfg, workload)     # refuse, before any work, a run the machine cannot hold
     rate = None
     if cfg.stages is not None:  # time-averaged offered rate
         rate = sum(r * d for r, d in cfg.stages) / sum(d for _, d in cfg.stages)

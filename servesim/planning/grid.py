@@ -5,6 +5,7 @@ import itertools
 import math
 from dataclasses import fields, replace
 
+from ..engine.budget import MAX_SWEEP_POINTS, check_points
 from ..errors import ConfigError
 
 # grid keys that name a list of choices, checked before anything runs
@@ -50,6 +51,8 @@ def parse_rates(text: str, option: str = "--rates") -> list[float]:
             raise ConfigError(f"{option}: empty range {text!r} (stop < start); write e.g. {parts[1]}:{parts[0]}:{count}")
         if count < 1:
             raise ConfigError(f"{option}: count must be >= 1 in {text!r}; write e.g. {parts[0]}:{parts[1]}:8")
+        check_points(count, f"{option} {text}", f"use a count of at most {MAX_SWEEP_POINTS:,}, e.g. "
+                                                f"{parts[0]}:{parts[1]}:16")
         if count == 1:
             return [start]
         ratio = (stop / start) ** (1.0 / (count - 1))
@@ -129,6 +132,8 @@ def parse_grid(items) -> list[tuple[str, list]]:
 def expand(base, grid: list[tuple[str, list]], rates: list[float] | None) -> list:
     """Cartesian product, grid keys in the order given, rate innermost -> list of SimConfig."""
     keys = [k for k, _ in grid]
+    n = math.prod(len(v) for _, v in grid) * (1 if rates is None else len(rates))
+    check_points(n, "the grid" + ("" if rates is None else " x --rates"), "use fewer grid values or rates")
     points = []
     for combo in itertools.product(*(v for _, v in grid)):
         cfg = replace(base, **dict(zip(keys, combo)))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
+from ..engine.budget import check_points
 from .backends import Backend
 from .evaluate import simulate_summary, verdict
 
@@ -276,6 +277,7 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
         meta.append((lay, price, gpr, b, r_max))
         tasks.append((cfg, 1 if spec.exhaustive else b["r_min"], r_max, spec.margin))
     if spec.exhaustive:
+        check_points(sum(t[2] for t in tasks), "plan --exhaustive", "use a smaller --max-gpus or --max-replicas")
         flat = [(replace(c, replicas=r), m) for c, _, r_max, m in tasks for r in range(1, r_max + 1)]
         sims = backend.map(point_task, flat, progress)
         results, k = [], 0
