@@ -52,14 +52,14 @@ def test_available_bytes_elsewhere_is_none(tmp_path):
 def test_estimate_is_requests_plus_replicas():
     per_replica = budget.replica_bytes(256, 1, 0)
     assert 6000 < per_replica < 6600                          # measured 6.25 KB at max_num_seqs 256, PP 1
-    assert budget.run_bytes(1000, 4, 256) == 1000 * budget.BYTES_PER_REQUEST + 4 * per_replica
+    assert budget.run_bytes(1000, 4, 256) == budget.RUN_BASE_BYTES + 1000 * budget.BYTES_PER_REQUEST + 4 * per_replica
     assert budget.replica_bytes(256, 2, 10) > budget.replica_bytes(256, 1, 0) + 10
 
 
 @pytest.mark.parametrize("options, way_out", [
     ({"num_requests": 50_000_000}, "--num-requests"),
     ({"replicas": 100_000_000}, "--replicas"),
-    ({"num_requests": 20_000_000, "replicas": 2_000_000}, "--num-requests"),
+    ({"num_requests": 20_000_000, "replicas": 2_000_000}, "--replicas"),   # requests alone fit
 ])
 def test_refused_before_any_work_with_the_figure_and_the_way_out(machine, options, way_out):
     machine(8 * GB)
@@ -138,8 +138,8 @@ def test_cli_point_caps(args, words):
 
 @pytest.mark.slow
 def test_bytes_per_request_bounds_the_measured_peak():
-    """The per-request figure bounds the measured growth of the peak resident set, and is not wildly
-    above it (a fresh interpreter, 300,000 requests on 16 replicas)."""
+    """The estimate bounds the measured growth of the peak resident set, and is not wildly above it
+    (a fresh interpreter, 300,000 requests on 16 replicas)."""
     code = ("import json, resource, servesim\n"
             "servesim.simulate(num_requests=10, isl=64, osl=8)\n"
             "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"

@@ -6,8 +6,9 @@ running set and micro-batch slots, `max_num_seqs` wide, and its prefix-cache fla
 system prompt). Both were measured as the growth of the peak resident set (`ru_maxrss`) over a
 warm process:
 
-- per request: 340-390 B (llama-3.1-8b, chat workload, 16 replicas, 2e5 and 8e5 requests);
-  `BYTES_PER_REQUEST` rounds it up;
+- per request: 290 B, plus ~45 MB once (the workload's trace, the libraries the metrics load): a
+  line through 1e5, 3e5 and 1e6 requests (llama-3.1-8b, chat workload, 16 replicas; 74, 130 and
+  334 MB); `BYTES_PER_REQUEST` and `RUN_BASE_BYTES` round them up;
 - per replica: 6.25 KB at `max_num_seqs` 256, PP = 1 (2e4 and 1e5 replicas, 1000 requests), which
   is 8 B x `max_num_seqs` x (1 + 2 PP) (running set, micro-batch requests and chunks) + ~110 B of
   scalars per replica, as the kernel allocates them.
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-BYTES_PER_REQUEST = 400
+BYTES_PER_REQUEST = 320
+RUN_BASE_BYTES = 64 * 2**20
 BYTES_PER_REPLICA_SCALARS = 128
 MAX_SWEEP_POINTS = 100_000       # simulations in one sweep or plan; each is a full simulation
 MEMINFO = "/proc/meminfo"
@@ -46,7 +48,8 @@ def replica_bytes(max_num_seqs: int, pp: int = 1, prefix_groups: int = 0) -> int
 
 def run_bytes(num_requests: int, replicas: int, max_num_seqs: int, pp: int = 1, prefix_groups: int = 0) -> int:
     """Estimated peak memory of one run above the interpreter's own, in bytes."""
-    return int(num_requests) * BYTES_PER_REQUEST + int(replicas) * replica_bytes(max_num_seqs, pp, prefix_groups)
+    return (RUN_BASE_BYTES + int(num_requests) * BYTES_PER_REQUEST
+            + int(replicas) * replica_bytes(max_num_seqs, pp, prefix_groups))
 
 
 def _gb(b: float) -> str:
@@ -78,17 +81,19 @@ def check_run_memory(cfg, workload, available: int | None = None) -> int:
         return need
     per_replica = replica_bytes(cfg.max_num_seqs, cfg.pp, groups)
     req_part, rep_part = n * BYTES_PER_REQUEST, cfg.replicas * per_replica
+    room = have - RUN_BASE_BYTES
     ways = []
-    if rep_part < have:
-        ways.append(f"--num-requests {(have - rep_part) // BYTES_PER_REQUEST:,} or fewer")
-    if req_part < have:
-        ways.append(f"--replicas {(have - req_part) // per_replica:,} or fewer")
+    if rep_part < room:
+        ways.append(f"--num-requests {(room - rep_part) // BYTES_PER_REQUEST:,} or fewer")
+    if req_part < room:
+        ways.append(f"--replicas {(room - req_part) // per_replica:,} or fewer")
     if not ways:
-        ways.append(f"--num-requests {have // 2 // BYTES_PER_REQUEST:,} or fewer and --replicas "
-                    f"{have // 2 // per_replica:,} or fewer")
+        ways.append(f"--num-requests {max(room, 0) // 2 // BYTES_PER_REQUEST:,} or fewer and --replicas "
+                    f"{max(room, 0) // 2 // per_replica:,} or fewer")
     raise ConfigError(
         f"this run needs about {_gb(need)} of memory ({n:,} requests x {BYTES_PER_REQUEST} B + "
-        f"{cfg.replicas:,} replicas x {per_replica:,} B), more than the {_gb(have)} available "
+        f"{cfg.replicas:,} replicas x {per_replica:,} B + {RUN_BASE_BYTES >> 20} MB), more than the "
+        f"{_gb(have)} available "
         f"(MemAvailable); use {' or '.join(ways)}")
 
 
