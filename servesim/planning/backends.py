@@ -13,13 +13,17 @@ from ..errors import ConfigError
 
 
 class Backend:
-    """map(fn, items, progress) -> list of results in input order."""
+    """map(fn, items, progress, on_result) -> list of results in input order; ``on_result(i, result)``
+    is called as each item finishes (in completion order), e.g. to save it at once."""
     name = "serial"
 
-    def map(self, fn: Callable, items: Sequence, progress: Callable[[int], None] | None = None) -> list:
+    def map(self, fn: Callable, items: Sequence, progress: Callable[[int], None] | None = None,
+            on_result: Callable[[int, object], None] | None = None) -> list:
         out = []
-        for x in items:
+        for i, x in enumerate(items):
             out.append(fn(x))
+            if on_result:
+                on_result(i, out[-1])
             if progress:
                 progress(1)
         return out
@@ -30,8 +34,13 @@ class Backend:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, etype, exc, tb):
+        if exc is not None:
+            self.abort()
         self.close()
+
+    def abort(self):
+        """Stop running work at once (an error or an interrupt in the caller)."""
 
 
 class LocalBackend(Backend):
@@ -42,20 +51,39 @@ class LocalBackend(Backend):
         self.workers = workers or os.cpu_count() or 1
         self._pool = None
 
-    def map(self, fn, items, progress=None):
+    def map(self, fn, items, progress=None, on_result=None):
         items = list(items)
         if self.workers <= 1 or len(items) <= 1:
-            return super().map(fn, items, progress)
+            return super().map(fn, items, progress, on_result)
         from concurrent.futures import ProcessPoolExecutor, as_completed
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_worker_init,
+                                             initargs=(os.getpid(),))
         futures = {self._pool.submit(fn, x): i for i, x in enumerate(items)}
         out = [None] * len(items)
         for fut in as_completed(futures):
-            out[futures[fut]] = fut.result()
+            i = futures[fut]
+            out[i] = fut.result()
+            if on_result:
+                on_result(i, out[i])
             if progress:
                 progress(1)
         return out
+
+    def abort(self):
+        """Kill the workers (SIGTERM, then SIGKILL): none outlives the caller or holds its pipes."""
+        if self._pool is None:
+            return
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
 
     def close(self):
         if self._pool is not None:
@@ -78,7 +106,7 @@ class DaskBackend(Backend):
             raise ConfigError(f"--dask-scheduler: cannot connect to {address!r} ({e}); "
                               "give the scheduler address, e.g. tcp://127.0.0.1:8786") from None
 
-    def map(self, fn, items, progress=None):
+    def map(self, fn, items, progress=None, on_result=None):
         from dask.distributed import as_completed
         items = list(items)
         if not items:
@@ -87,13 +115,36 @@ class DaskBackend(Backend):
         index = {f.key: i for i, f in enumerate(futures)}
         out = [None] * len(items)
         for fut in as_completed(futures):
-            out[index[fut.key]] = fut.result()
+            i = index[fut.key]
+            out[i] = fut.result()
+            if on_result:
+                on_result(i, out[i])
             if progress:
                 progress(1)
         return out
 
     def close(self):
         self.client.close()
+
+
+def _worker_init(parent: int) -> None:
+    """In each pool worker: die with the parent (Linux: PR_SET_PDEATHSIG), leave SIGINT to the parent
+    (a Ctrl-C reaches the whole process group; the parent stops the workers), default SIGTERM, and
+    no repeated one-line warnings (the parent checked the points)."""
+    import signal
+    import warnings
+    from ..errors import ServesimWarning
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    warnings.simplefilter("ignore", ServesimWarning)
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:                          # the parent died before prctl took effect
+        os._exit(1)
 
 
 def make_backend(dask_scheduler: str | None = None, workers: int | None = None) -> Backend:
