@@ -49,9 +49,9 @@ class SimConfig:
     question_len: int | None = None
     rate: float | None = None
     stages: str | tuple | None = None           # '5x600s,10x600s' or ((req/s, seconds), ...)
-    arrival: str = "poisson"
-    cv: float = 1.0
-    concurrency: int = 0
+    arrival: str | None = None                  # None: poisson
+    cv: float | None = None                     # None: 1.0 (gamma arrivals only)
+    concurrency: int | None = None              # None: open loop; N >= 1: closed loop with N clients
     offline: bool = False
     trace_mode: str = "lengths"
     num_requests: int | None = None  # None: 2000, every trace row for replay/scale, the stages' arrivals
@@ -92,7 +92,10 @@ def _clean(obj):
 
 
 def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]:
-    """Fill preset defaults; load model, hardware (unless a profile object is given) and workload."""
+    """Check every option (`checks.check_sim_config`), fill preset defaults; load model, hardware (unless
+    a profile object is given) and workload; check what needs them (`checks.check_resolved`)."""
+    from .checks import check_resolved, check_sim_config
+    cfg = check_sim_config(cfg)
     d = load_engine(cfg.engine).scheduler
 
     def pick(value, default):
@@ -108,14 +111,14 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
         block_size=pick(cfg.block_size, d.block_size),
         gpu_memory_utilization=pick(cfg.gpu_memory_utilization, d.gpu_memory_utilization),
         preemption=pick(cfg.preemption, d.preemption),
+        arrival=pick(cfg.arrival, "poisson"),
+        cv=pick(cfg.cv, 1.0),
+        concurrency=pick(cfg.concurrency, 0),       # resolved: 0 = open loop, as the engine reads it
     )
     if not 0.0 < filled.gpu_memory_utilization <= 1.0:
-        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {filled.gpu_memory_utilization}")
-    if filled.num_requests is not None and filled.num_requests < 1:
-        raise ConfigError(f"--num-requests must be >= 1, got {filled.num_requests}")
+        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {filled.gpu_memory_utilization} "
+                          f"(from engine {cfg.engine})")
     filled = replace(filled, stages=parse_stages(cfg.stages))
-    if filled.stages is not None:
-        _check_stages(cfg)
     model = load_model(filled.model)
     if filled.dtype == "auto":
         filled = replace(filled, dtype=model.checkpoint_dtype)
@@ -126,24 +129,8 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
     if sp is not None:
         filled = replace(filled, num_system_prompts=sp.num_system_prompts,
                          users_per_system_prompt=sp.users_per_system_prompt, system_prompt_len=sp.system_prompt_len)
+    check_resolved(cfg, filled, model)
     return filled, model, hw, workload
-
-
-def _check_stages(cfg: SimConfig) -> None:
-    """--stages defines the rate, the arrivals and the number of requests: refuse what contradicts it."""
-    why = [
-        (cfg.rate is not None, f"--rate {cfg.rate:g}" if cfg.rate is not None else "",
-         "each stage sets its own rate"),
-        (cfg.offline, "--offline", "--offline sends every request at t = 0"),
-        (cfg.concurrency > 0, f"--concurrency {cfg.concurrency}", "--concurrency is a closed loop"),
-        (cfg.num_requests is not None, f"--num-requests {cfg.num_requests}",
-         "the number of requests is the arrivals inside the stage windows"),
-        (cfg.trace_mode != "lengths", f"--trace-mode {cfg.trace_mode}",
-         f"--trace-mode {cfg.trace_mode} takes the trace's own arrival times (use --trace-mode lengths)"),
-    ]
-    for given, flag, reason in why:
-        if given:
-            raise ConfigError(f"--stages and {flag} contradict: {reason}; drop one of them")
 
 
 def _trace_info(cfg: SimConfig, workload, reqs) -> dict | None:
@@ -203,7 +190,12 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
 
     `hardware_profile` / `engine_profile` replace the named profiles with in-memory ones (used by
     calibration)."""
-    cfg = replace(config or SimConfig(), **options)
+    from .checks import check_sim_keywords
+    check_sim_keywords(options)
+    if config is not None and not isinstance(config, SimConfig):
+        raise ConfigError(f"simulate(config): expected a servesim.SimConfig, got {type(config).__name__}; "
+                          "or pass the options as keywords, simulate(model=..., rate=...)")
+    cfg = replace(config if config is not None else SimConfig(), **options)
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     rc = replica_of(cfg, model, hw, engine_profile)
     check_run_memory(cfg, workload)     # refuse, before any work, a run the machine cannot hold
@@ -227,7 +219,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         scheduler=cfg.scheduler, router=cfg.router, preemption=cfg.preemption, replicas=cfg.replicas,
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         chunk_size=cfg.chunk_size, block_size=cfg.block_size, watermark=rc.engine.scheduler.watermark,
-        concurrency=cfg.concurrency, duration=cfg.duration if cfg.duration else math.inf,
+        concurrency=cfg.concurrency, duration=cfg.duration if cfg.duration is not None else math.inf,
         warmup_time=cfg.warmup, num_gpu_blocks=cfg.num_gpu_blocks,
         frontend=rc.engine.fit_for(rc.hw).frontend_s,
     )

@@ -1,8 +1,10 @@
 """`servesim` command line: thin click commands over the library."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -10,18 +12,55 @@ import click
 
 from . import __version__
 from .cli_options import simulate_options as _simulate_options
-from .errors import ServesimError
+from .errors import ServesimError, ServesimWarning
+from .outputs import Terminated, exit_status, signal_handlers, signal_name
+
+INT32_MAX = 2**31 - 1
 
 
 class Group(click.Group):
-    """Turns domain errors into one-line messages and exit code 2 instead of tracebacks."""
+    """One line on stderr instead of a traceback or a usage block: domain errors and bad option values
+    exit 2; SIGINT / SIGTERM exit 130 / 143 saying what was left on disk (`servesim.outputs`).
+    Warnings of options that do nothing (`ServesimWarning`) are one line each."""
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except ServesimError as e:
-            click.echo(f"servesim: error: {e}", err=True)
-            sys.exit(2)
+        with contextlib.ExitStack() as stack:
+            if ctx.parent is None:
+                stack.enter_context(signal_handlers())
+                stack.enter_context(_one_line_warnings())
+            try:
+                return super().invoke(ctx)
+            except ServesimError as e:
+                click.echo(f"servesim: error: {e}", err=True)
+                sys.exit(2)
+            except click.exceptions.NoArgsIsHelpError:
+                raise
+            except click.UsageError as e:
+                where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+                click.echo(f"servesim: error: {e.format_message()}{where}", err=True)
+                sys.exit(2)
+            except (KeyboardInterrupt, Terminated) as e:
+                notes = getattr(e, "servesim_notes", [])
+                click.echo(f"servesim: interrupted by {signal_name(e)}" + "".join(f"; {n}" for n in notes),
+                           err=True)
+                sys.exit(exit_status(e))
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ServesimWarning)
+        show, shown = warnings.showwarning, set()
+
+        def one_line(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, ServesimWarning):
+                if str(message) not in shown:     # once per message, from whichever check found it
+                    shown.add(str(message))
+                    click.echo(f"servesim: warning: {message}", err=True)
+            else:
+                show(message, category, filename, lineno, file, line)
+        warnings.showwarning = one_line
+        yield
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -161,17 +200,29 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
       servesim cost --decode-seqs 64 --context 2048
       servesim cost --model llama-3.1-70b --tp 4 --prefill-tokens 8192 --prefill-seqs 4
     """
+    from .checks import check_int
     from .config import load_hardware, load_model
     from .costmodel import Batch, Layout, build_replica
     from .errors import ConfigError
-    if prefill_tokens < 0 or decode_seqs < 0 or context < 0 or cached < 0 or prefill_seqs < 1:
-        raise ConfigError("--prefill-tokens, --decode-seqs, --context and --cached must be >= 0, --prefill-seqs >= 1")
+    step = 2**20   # one engine step: at most this many tokens or sequences
+    check_int(tp, "--tp")
+    check_int(pp, "--pp")
+    check_int(prefill_tokens, "--prefill-tokens", ge=0, le=step)
+    check_int(prefill_seqs, "--prefill-seqs", ge=1, le=step)
+    check_int(cached, "--cached", ge=0, le=INT32_MAX)
+    check_int(decode_seqs, "--decode-seqs", ge=0, le=step)
+    check_int(context, "--context", ge=0, le=INT32_MAX)
+    check_int(max_num_seqs, "--max-num-seqs", ge=1, le=step)
     if prefill_tokens == 0 and decode_seqs == 0:
         raise ConfigError("empty batch: give --prefill-tokens N and/or --decode-seqs N")
     from .config.engine import load_engine
-    if max_num_seqs < 1:
-        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
     m, h, eng = load_model(model), load_hardware(hardware), load_engine(engine)
+    longest = cached + -(-prefill_tokens // prefill_seqs)
+    for what, n in ((f"--context {context:,}", context), (f"--cached {cached:,} + a prefill chunk of "
+                                                          f"{longest - cached:,} tokens", longest)):
+        if n > m.max_context:
+            raise ConfigError(f"{what} exceeds {m.name}'s context of {m.max_context:,} tokens (max_context); "
+                              "use a shorter context or more --prefill-seqs")
     rc = build_replica(m, h, Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce),
                        max_tokens=max(prefill_tokens + decode_seqs, 1), max_seqs=max_num_seqs, engine=eng)
     chunks = []
@@ -218,14 +269,15 @@ def simulate(fmt, outdir, **kw):
       servesim simulate --model llama-3.1-70b --tp 4 --replicas 2 --rate 10 --format json
       servesim simulate --isl 1024 --osl 128 --offline --num-requests 1000 --engine trtllm
     """
-    from .metrics import parse_duration
-    from .api import SimConfig, simulate as run
-    kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] else None
-    kw["warmup"] = parse_duration(kw["warmup"], "--warmup")
-    res = run(SimConfig(**kw))
-    if outdir:
-        from .report_io import write_outputs
-        write_outputs(res, Path(outdir))
+    from .api import simulate as run
+    from .cli_options import sim_config
+    from .outputs import output_dir
+    from .report_io import write_outputs
+    cfg = sim_config(kw)
+    with output_dir(outdir, "-o", "servesim simulate") as out:
+        res = run(cfg)
+        if out is not None:
+            out.write(lambda d: write_outputs(res, d))
     if fmt == "json":
         click.echo(res.to_json())
     else:

@@ -82,7 +82,21 @@ def calibrate(profile, operators, training, output, aiconfigurator, serving, eng
           --engine-output my-vllm.toml
       servesim simulate --hardware h100-sxm --engine my-vllm.toml
     """
-    from .calibrate.fit import calibrate as run, summary, write_outputs
+    from .calibrate.fit import calibrate as run, default_report_dir, summary, write_outputs
+    from .checks import check_int
+    from .errors import ConfigError
+    from .outputs import check_output_dir, check_output_file
+    check_int(tp, "--tp")
+    for path, option in ((output, "-o"), (engine_output, "--engine-output")):
+        if path is not None:
+            check_output_file(path, option)
+    first = output or engine_output
+    if report_dir is not None or first:
+        rep = report_dir if report_dir is not None else default_report_dir(first)
+        rep_path, _ = check_output_dir(rep, "--report", create=False)
+        if rep_path.is_dir() and any(rep_path.iterdir()) and not force:
+            raise ConfigError(f"--report {rep}: the folder exists and is not empty (an earlier fit report?); "
+                              "pass --force to replace its files, or name another folder")
     result = run(profile, output, operators=operators, serving=serving, training=training, model=model, tp=tp,
                  hardware=hardware, precision=precision, force=force, holdout=holdout,
                  aiconfigurator=aiconfigurator, engine=engine, engine_output=engine_output)
@@ -140,9 +154,11 @@ def validate(suite, user_csv, quick, check, outdir, fmt):
     import json
 
     from .calibrate.validate import run_suites, summarize, write_outputs
-    results = run_suites(suite, user_csv, quick=quick)
-    if outdir:
-        write_outputs(results, outdir)
+    from .outputs import output_dir
+    with output_dir(outdir, "-o", "servesim validate") as od:
+        results = run_suites(suite, user_csv, quick=quick)
+        if od is not None:
+            od.write(lambda d: write_outputs(results, d))
     failed = []
     out = []
     for res in results:

@@ -4,6 +4,18 @@ from __future__ import annotations
 import click
 
 
+def sim_config(kw: dict):
+    """The simulate options as a checked SimConfig (durations parsed; every field and contradiction
+    checked by `checks.check_sim_config` before any work)."""
+    from .api import SimConfig
+    from .checks import check_sim_config
+    from .metrics import parse_duration
+    kw = dict(kw)
+    kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] is not None else None
+    kw["warmup"] = parse_duration(kw["warmup"], "--warmup")
+    return check_sim_config(SimConfig(**kw))
+
+
 def simulate_options(f):
     opts = [
         click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name, or a .toml / HF config.json path."),
@@ -46,10 +58,12 @@ def simulate_options(f):
         click.option("--rate", default=None, type=float, help="Requests/s (default: the workload's, times replicas)."),
         click.option("--stages", default=None,
                      help="Open-loop load in stages, RATExDURATION each, e.g. 5x600s,10x600s (sets the rate and the number of requests)."),
-        click.option("--arrival", default="poisson", show_default=True,
-                     type=click.Choice(["poisson", "gamma", "deterministic", "bursty", "daily"])),
-        click.option("--cv", default=1.0, show_default=True, type=float, help="Coefficient of variation for gamma arrivals."),
-        click.option("--concurrency", default=0, type=int, help="Closed loop with N clients."),
+        click.option("--arrival", default=None, type=click.Choice(["poisson", "gamma", "deterministic", "bursty", "daily"]),
+                     help="Open-loop arrival process [default: poisson]."),
+        click.option("--cv", default=None, type=float,
+                     help="Coefficient of variation of --arrival gamma [default: 1, as Poisson]."),
+        click.option("--concurrency", default=None, type=int,
+                     help="Closed loop with N >= 1 clients [default: open loop at --rate]."),
         click.option("--offline", is_flag=True, help="All requests at time zero."),
         click.option("--trace-mode", default="lengths", show_default=True, type=click.Choice(["lengths", "replay", "scale"])),
         click.option("--num-requests", default=None, type=int,

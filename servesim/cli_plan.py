@@ -43,8 +43,8 @@ def parse_prices(values) -> tuple[float | None, dict[str, float]]:
                 price = float(usd)
             except ValueError:
                 raise ConfigError(f"--price: {part!r} is not USD or HARDWARE=USD; write e.g. --price h100-sxm=2.5") from None
-            if price < 0:
-                raise ConfigError(f"--price: must be >= 0 $/GPU-hour, got {part!r}")
+            if not (price >= 0 and price != float("inf")):
+                raise ConfigError(f"--price: must be a finite number >= 0 $/GPU-hour, got {part!r}")
             if sep:
                 from .config import list_hardware
                 if hw not in list_hardware():
@@ -56,12 +56,8 @@ def parse_prices(values) -> tuple[float | None, dict[str, float]]:
 
 
 def _base_config(kw):
-    from .api import SimConfig
-    from .metrics import parse_duration
-    kw = dict(kw)
-    kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] else None
-    kw["warmup"] = parse_duration(kw["warmup"], "--warmup")
-    return SimConfig(**kw)
+    from .cli_options import sim_config
+    return sim_config(kw)
 
 
 def _priced(points, default, per_hw):
@@ -144,12 +140,18 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers
       servesim sweep --rates 2,4,8 --grid tp=1,2 --grid hardware=h100-sxm,h200-sxm --format json
       servesim sweep --find-max-rate --slo ttft_p99=1s,tpot_p99=60ms --grid hardware=h100-sxm,l40s
     """
+    from .checks import check_float, check_int
     from .metrics import parse_slo
+    from .outputs import output_dir
     from .planning import backends, figures, grid as G, sweep as S
+    from .planning.checkpoint import Checkpointed, PointStore, POINTS
     base = _base_config(kw)
     default_price, per_hw = parse_prices(prices)
     grid_spec = G.parse_grid(grid)
     slo = parse_slo(base.slo)
+    check_float(tolerance, "--tolerance", gt=0.0, lt=1.0)
+    check_float(margin, "--margin", ge=0.0, lt=1.0)
+    check_int(workers, "--workers", none_ok=True)
     if find_max_rate:
         if not slo:
             raise ConfigError("--find-max-rate needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
@@ -161,17 +163,16 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers
         if not rates:
             raise ConfigError("--rates is required, e.g. --rates 1,2,4 or --rates 1:64:16 (or use --find-max-rate)")
         rate_list = G.parse_rates(rates)
-        if base.offline or base.concurrency > 0:
+        if base.offline or base.concurrency is not None:
             raise ConfigError("--rates sweeps open-loop arrivals; drop --offline / --concurrency")
-    if margin < 0 or margin >= 1:
-        raise ConfigError(f"--margin must be in [0, 1), got {margin}")
     n = 1
     for _, v in grid_spec:
         n *= len(v)
     n_points = n if find_max_rate else n * len(rate_list)
     S.validate_base(base, grid_spec)
+    stem = "max_rate" if find_max_rate else "sweep"
 
-    class _PricedBackend:   # price each point by its hardware before it runs
+    class _PricedBackend:   # price each point by its hardware before it runs (and before it is keyed)
         def __init__(self, inner):
             self.inner = inner
 
@@ -179,24 +180,38 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers
             items = [(x[0], _priced([x[1]], default_price, per_hw)[0], *x[2:]) for x in items]
             return self.inner.map(fn, items, progress)
 
-    bar = _Progress(n_points, "max-rate search" if find_max_rate else "sweep")
-    with backends.make_backend(dask_scheduler, workers) as be:
-        try:
-            if find_max_rate:
-                res = S.run_max_rate(base, grid_spec, _PricedBackend(be), tol=tolerance, margin=margin, progress=bar)
-            else:
-                res = S.run_sweep(base, grid_spec, rate_list, _PricedBackend(be), progress=bar)
-        finally:
-            bar.close()
-    df = res.table
-    written = []
-    if outdir:
-        written = S.write_table(df, outdir, "max_rate" if find_max_rate else "sweep")
-        try:
-            written += (figures.max_rate_figure(df, res.grid_keys, outdir) if find_max_rate
-                        else figures.sweep_figures(df, res.grid_keys, slo, outdir))
-        except Exception as e:  # a figure must never lose the table
-            click.echo(f"servesim: warning: figures skipped ({e})", err=True)
+    with output_dir(outdir, "-o", "servesim sweep") as out:
+        bar = _Progress(n_points, "max-rate search" if find_max_rate else "sweep")
+        with backends.make_backend(dask_scheduler, workers) as be:
+            runner = be
+            if out is not None:   # save each point as it finishes; a rerun skips the saved ones
+                runner = Checkpointed(be, PointStore(out.path / POINTS))
+                out.begin_progress(lambda: (runner.describe()[0], [
+                    f"{stem}.csv / {stem}.parquet and the figures (any present are from an earlier run)"]),
+                    hint="Rerun the same command to resume: the saved points are not computed again.")
+            try:
+                if find_max_rate:
+                    res = S.run_max_rate(base, grid_spec, _PricedBackend(runner), tol=tolerance, margin=margin,
+                                         progress=bar)
+                else:
+                    res = S.run_sweep(base, grid_spec, rate_list, _PricedBackend(runner), progress=bar)
+            finally:
+                bar.close()
+        df = res.table
+        written = []
+        if out is not None:
+            out.write(lambda d: written.extend(S.write_table(df, d, stem)))
+            try:
+                out.write(lambda d: written.extend(
+                    figures.max_rate_figure(df, res.grid_keys, d) if find_max_rate
+                    else figures.sweep_figures(df, res.grid_keys, slo, d)))
+            except Exception as e:  # a figure must never lose the table
+                click.echo(f"servesim: warning: figures skipped ({e})", err=True)
+            out.commit()
+            written = [out.final(p) for p in written]
+            if runner.reused:
+                click.echo(f"servesim: reused {runner.reused} of {runner.total} points saved in "
+                           f"{out.path / POINTS} (identical inputs)", err=True)
     if (df.status != "error").any() or not res.errors:
         if fmt == "json":
             click.echo(json.dumps({"mode": res.mode, "grid": [k for k, _ in grid_spec], "points": _records(df),
@@ -215,12 +230,13 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers
 
 
 def _int_list(text, option):
+    from .checks import INT64_MAX
     try:
         vals = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
         raise ConfigError(f"{option}: {text!r} is not a comma list of integers, e.g. 1,2,4") from None
-    if not vals or min(vals) < 1:
-        raise ConfigError(f"{option}: need integers >= 1, got {text!r}")
+    if not vals or min(vals) < 1 or max(vals) > INT64_MAX:
+        raise ConfigError(f"{option}: need integers from 1 to {INT64_MAX:,}, got {text!r}")
     return tuple(vals)
 
 
@@ -270,7 +286,9 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
       servesim plan --daily-rates 2,2,4,8,12,8 --slo ttft_p99=1s --price h100-sxm=2.5
     """
     import pandas as pd
+    from .checks import check_choice, check_float, check_int
     from .config import list_hardware
+    from .outputs import output_dir
     from .planning import backends, figures
     from .planning.grid import parse_rates
     from .planning.plan import PlanSpec, plan as run_plan
@@ -279,42 +297,51 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
               max_num_batched_tokens=None)
     base = _base_config(kw)
     default_price, per_hw = parse_prices(prices)
-    hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else ()
+    check_int(max_gpus, "--max-gpus")
+    check_int(max_replicas, "--max-replicas")
+    check_float(budget, "--budget", gt=0.0, none_ok=True, hint=" $/hour (omit it for no budget)")
+    check_float(margin, "--margin", ge=0.0, lt=1.0)
+    check_int(top, "--top", hint=" (rows of the ranked table)")
+    check_int(workers, "--workers", none_ok=True)
+    hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware is not None else ()
+    if hardware is not None and not hw:
+        raise ConfigError("--hardware is empty; give a comma list such as h100-sxm,a100-sxm-80gb, or omit it")
     known = list_hardware()
     for h in hw:
         if h not in known:
             raise ConfigError(f"--hardware: unknown hardware {h!r}; use one of {', '.join(known)}")
-    dtypes = tuple(d.strip() for d in dtype.split(",") if d.strip())
+    dtypes = tuple(check_choice(d.strip(), "--dtype", ("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
+                   for d in dtype.split(",") if d.strip())
+    if not dtypes:
+        raise ConfigError("--dtype is empty; give a comma list such as bf16,fp8")
     spec = PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_int_list(tp, "--tp"), pps=_int_list(pp, "--pp"),
-                    max_num_seqs=_int_list(max_num_seqs, "--max-num-seqs") if max_num_seqs else (None,),
+                    max_num_seqs=_int_list(max_num_seqs, "--max-num-seqs") if max_num_seqs is not None else (None,),
                     max_num_batched_tokens=(_int_list(max_num_batched_tokens, "--max-num-batched-tokens")
-                                            if max_num_batched_tokens else (None,)),
+                                            if max_num_batched_tokens is not None else (None,)),
                     max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
                     prices=per_hw, default_price=default_price, exhaustive=exhaustive,
-                    daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates else ())
-    if max_gpus < 1 or max_replicas < 1:
-        raise ConfigError("--max-gpus and --max-replicas must be >= 1")
-    with backends.make_backend(dask_scheduler, workers) as be:
-        bar = _Progress(2, "plan")
-        try:
-            res = run_plan(spec, be, progress=None)
-        finally:
-            bar.close()
-    cands = res.candidates
-    if not hw:   # default hardware: list only profiles that can hold the model
-        fits = {c["hardware"] for c in cands if c["status"] != "infeasible"}
-        cands = [c for c in cands if c["hardware"] in fits]
-    out = res.as_dict() | {"candidates": cands}
-    if outdir:
-        d = Path(outdir)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "plan.json").write_text(json.dumps(out, indent=2) + "\n")
-        flat = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "checks", "cost_split")} for c in cands])
-        write_table(flat, d, "candidates")
-        try:
-            figures.pareto_figure(flat, d)
-        except Exception as e:  # a figure must never lose the plan
-            click.echo(f"servesim: warning: figure skipped ({e})", err=True)
+                    daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else ())
+    with output_dir(outdir, "-o", "servesim plan") as od:
+        with backends.make_backend(dask_scheduler, workers) as be:
+            bar = _Progress(2, "plan")
+            try:
+                res = run_plan(spec, be, progress=None)
+            finally:
+                bar.close()
+        cands = res.candidates
+        if not hw:   # default hardware: list only profiles that can hold the model
+            fits = {c["hardware"] for c in cands if c["status"] != "infeasible"}
+            cands = [c for c in cands if c["hardware"] in fits]
+        out = res.as_dict() | {"candidates": cands}
+        if od is not None:
+            flat = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "checks", "cost_split")}
+                                 for c in cands])
+            od.write(lambda d: (d / "plan.json").write_text(json.dumps(out, indent=2) + "\n"))
+            od.write(lambda d: write_table(flat, d, "candidates"))
+            try:
+                od.write(lambda d: figures.pareto_figure(flat, d))
+            except Exception as e:  # a figure must never lose the plan
+                click.echo(f"servesim: warning: figure skipped ({e})", err=True)
     if fmt == "json":
         click.echo(json.dumps(out, indent=2))
     else:

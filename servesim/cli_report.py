@@ -35,12 +35,24 @@ def report(model, hardware, workload, rates, rate, slo, dtype, num_requests, see
       servesim report -o report/
       servesim report --model llama-3.1-70b --hardware h100-sxm,h200-sxm --rate 8 -o r70b/
     """
+    from .checks import check_choice, check_float, check_int, check_slo
+    from .outputs import OutputDir
     from .planning import parse_rates
     from .report import ReportSpec, build_report
+    check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
+    check_slo(slo)
+    check_choice(dtype, "--dtype", ("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
+    check_int(num_requests, "--num-requests")
+    check_int(seed, "--seed", ge=0)
+    check_float(train_tokens, "--train-tokens", gt=0.0)
+    check_int(train_gpus, "--train-gpus")
+    check_int(max_gpus, "--max-gpus")
     hws = tuple(h.strip() for h in hardware.split(",") if h.strip())
     spec = ReportSpec(model=model, hardware=hws, workload=workload,
                       rates=tuple(parse_rates(rates)) if rates is not None else None, rate=rate, slo=slo,
                       dtype=dtype, num_requests=num_requests, seed=seed, train_tokens=train_tokens,
                       train_gpus=train_gpus, max_gpus=max_gpus)
-    path = build_report(spec, outdir, progress=lambda msg: click.echo(f"  {msg} ...", err=True))
-    click.echo(str(path))
+    with OutputDir(outdir, "-o", "servesim report") as out:
+        path = out.write(lambda d: build_report(spec, d, progress=lambda msg: click.echo(f"  {msg} ...", err=True),
+                                                shown_as=outdir))
+    click.echo(str(out.final(path)))

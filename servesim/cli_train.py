@@ -10,14 +10,24 @@ from .errors import ConfigError
 
 
 def _int_list(value: str, option: str) -> list[int]:
+    from .checks import INT64_MAX
     try:
         out = [int(v) for v in str(value).split(",") if v.strip()]
     except ValueError:
         raise ConfigError(f"{option}: expected an integer or a comma-separated list such as 64,128,256, "
                           f"got {value!r}") from None
-    if not out or any(v < 1 for v in out):
-        raise ConfigError(f"{option}: expected positive integers, got {value!r}")
+    if not out or any(v < 1 or v > INT64_MAX for v in out):
+        raise ConfigError(f"{option}: expected positive integers (at most {INT64_MAX:,}), got {value!r}")
     return out
+
+
+def _check_train_options(kw: dict) -> None:
+    """Every layout option an integer in range before anything loads (0 is never "default")."""
+    from .checks import check_int
+    for name in ("tp", "pp", "cp", "ep", "vp", "seq_len", "micro_batch", "global_batch"):
+        check_int(kw[name], "--" + name.replace("_", "-"))
+    check_int(kw["dp"], "--dp", none_ok=True, hint=" (omit it for GPUs / (tp x pp x cp))")
+    check_int(kw["zero"], "--zero", ge=0, le=3, none_ok=True, hint=" (ZeRO stage 0-3)")
 
 
 def _train_options(f):
@@ -99,7 +109,8 @@ def _base_layout(kw, dp=1):
               help="With a --gpus list: weak (batch grows with GPUs) or strong (fixed batch) scaling.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
-              help="Write the table as CSV (and the scaling figure) here.")
+              help="Write train.json (one layout), search.csv (--search) or scaling.csv and scaling.png "
+                   "(a --gpus list) here.")
 def train(search, top, scaling, fmt, outdir, **kw):
     """Step time, throughput, MFU and memory of one training layout.
 
@@ -114,20 +125,27 @@ def train(search, top, scaling, fmt, outdir, **kw):
       servesim train --model llama-3.1-70b --gpus 256 --search --global-batch 512
       servesim train --model llama-3.1-8b --gpus 8,16,32,64 --tp 1 --global-batch 64 -o scaling/
     """
+    from .checks import check_int
     from .config import load_hardware, load_model
+    from .outputs import output_dir
+
+    _check_train_options(kw)
+    check_int(top, "--top", hint=" (alternatives shown by --search)")
+    gpus = _int_list(kw["gpus"], "--gpus")
+    model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    with output_dir(outdir, "-o", "servesim train") as out:
+        _train(model, hw, gpus, kw, search, top, scaling, fmt, out)
+
+
+def _train(model, hw, gpus, kw, search, top, scaling, fmt, out):
     from .training import derive_dp, train_step
     from .training.layout import check_model_split
     from .training.search import results_frame, scaling_table, search_layouts
-
-    model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
-    gpus = _int_list(kw["gpus"], "--gpus")
     if len(gpus) > 1:
         df = scaling_table(model, hw, gpus, _base_layout(kw), mode=scaling, search=search)
-        if outdir:
-            out = Path(outdir)
-            out.mkdir(parents=True, exist_ok=True)
-            df.to_csv(out / "scaling.csv", index=False)
-            _scaling_figure(df, out / "scaling.png", f"{model.name} on {hw.name}, {scaling} scaling")
+        if out is not None:
+            out.write(lambda d: df.to_csv(d / "scaling.csv", index=False))
+            out.write(lambda d: _scaling_figure(df, d / "scaling.png", f"{model.name} on {hw.name}, {scaling} scaling"))
         if fmt == "json":
             click.echo(json.dumps({"scaling": scaling, "rows": df.to_dict(orient="records")}, indent=2))
         else:
@@ -138,9 +156,8 @@ def train(search, top, scaling, fmt, outdir, **kw):
     if search:
         results = search_layouts(model, hw, g, _base_layout(kw), top=top)
         df = results_frame(results)
-        if outdir:
-            Path(outdir).mkdir(parents=True, exist_ok=True)
-            df.to_csv(Path(outdir) / "search.csv", index=False)
+        if out is not None:
+            out.write(lambda d: df.to_csv(d / "search.csv", index=False))
         if fmt == "json":
             best = _result_dict(results[0])
             click.echo(json.dumps({"best": best, "alternatives": df.to_dict(orient="records")}, indent=2))
@@ -153,6 +170,8 @@ def train(search, top, scaling, fmt, outdir, **kw):
     dp = kw["dp"] if kw["dp"] is not None else derive_dp(g, kw["tp"], kw["pp"], kw["cp"])
     res = train_step(model, hw, _base_layout(kw, dp=dp), gpus=g)
     d = _result_dict(res)
+    if out is not None:
+        out.write(lambda folder: (folder / "train.json").write_text(json.dumps(d, indent=2) + "\n"))
     if fmt == "json":
         click.echo(json.dumps(d, indent=2))
     else:
@@ -209,17 +228,28 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
       servesim compare --model llama-3.1-8b --train-tokens 15e12 --gpus 1024
       servesim compare --model llama-3.1-8b --hardware h100-sxm,a100-sxm-80gb,h200-sxm --rate 4 -o cmp/
     """
+    from .checks import check_float, check_int, check_slo
+    from .outputs import output_dir
     from .training import TrainLayout
     from .training.compare import compare_costs
+    check_float(train_tokens, "--train-tokens", gt=0.0)
+    check_int(gpus, "--gpus")
+    check_int(seq_len, "--seq-len")
+    check_int(global_batch, "--global-batch")
+    check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it for the smallest TP that fits)")
+    check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
+    check_int(num_requests, "--num-requests")
+    check_slo(slo)
     hws = [h.strip() for h in hardware.split(",") if h.strip()]
+    if not hws:
+        raise ConfigError("--hardware is empty; give a profile or a comma list such as h100-sxm,h200-sxm")
     base = TrainLayout(seq_len=seq_len, global_batch=global_batch, dtype=dtype)
-    df = compare_costs(model, hws, gpus, train_tokens, base, serve_tp=serve_tp, workload=workload, rate=rate,
-                       slo=slo, num_requests=num_requests)
-    if outdir:
-        out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out / "compare.csv", index=False)
-        _compare_figure(df, out / "compare.png", f"{model}: {train_tokens:.3g} training tokens")
+    with output_dir(outdir, "-o", "servesim compare") as out:
+        df = compare_costs(model, hws, gpus, train_tokens, base, serve_tp=serve_tp, workload=workload, rate=rate,
+                           slo=slo, num_requests=num_requests)
+        if out is not None:
+            out.write(lambda d: df.to_csv(d / "compare.csv", index=False))
+            out.write(lambda d: _compare_figure(df, d / "compare.png", f"{model}: {train_tokens:.3g} training tokens"))
     if fmt == "json":
         click.echo(json.dumps({"model": model, "train_tokens": train_tokens, "rows": df.to_dict(orient="records")},
                               indent=2))

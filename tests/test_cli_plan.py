@@ -82,8 +82,13 @@ def test_sweep_user_errors(args, words):
 
 
 def test_sweep_partial_results_written_on_later_error(tmp_path):
-    r = user_error("sweep", "--rates", "2", "--grid", "gpu-memory-utilization=0.9,1.5", *SMALL, "-o", str(tmp_path),
-                   must_contain=["point 1", "gpu-memory-utilization", "1 completed points written"])
+    # a value every point could reject is refused before anything runs; one found only by running
+    # the point (too few KV blocks for its longest request) is recorded, and the others are written
+    user_error("sweep", "--rates", "2", "--grid", "gpu-memory-utilization=0.9,1.5", *SMALL, "-o", str(tmp_path),
+               must_contain=["--gpu-memory-utilization", "(0, 1]"])
+    assert not (tmp_path / "sweep.csv").exists()
+    r = user_error("sweep", "--rates", "2", "--grid", "num-gpu-blocks=4000,2", *SMALL, "-o", str(tmp_path),
+                   must_contain=["point 1", "--num-gpu-blocks 2", "1 completed points written"])
     df = pd.read_csv(tmp_path / "sweep.csv")
     assert list(df.status) == ["ok", "error"] and df.ttft_ms_p99.notna().iloc[0]
     assert "TTFT p99" in r.stdout

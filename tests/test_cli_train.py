@@ -88,3 +88,47 @@ def test_help_has_examples():
     for cmd in ("train", "compare"):
         r = run(cmd, "--help")
         assert r.exit_code == 0 and "Examples" in r.output
+
+
+def test_train_uneven_stages_and_framework():
+    r = run("train", "--model", "llama-3.1-405b", "--gpus", "512", "--tp", "8", "--pp", "8", "--vp", "8", "--cp", "2",
+            "--sp", "--tp-overlap", "--account-for-embedding", "--account-for-loss", "--seq-len", "8192",
+            "--global-batch", "256", "--recompute", "auto", "--framework", "nemo", "--format", "json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["framework"] == "nemo" and d["layout"]["account_for_embedding"]
+    assert d["layers_per_rank"][0] == 15 and sum(d["layers_per_rank"]) == 126
+    assert d["mfu_peak"] == "bf16" and d["mfu_fp8_peak"] is None
+    assert d["memory_gib_per_gpu"]["total"] <= d["memory_gib_per_gpu"]["device"]
+
+
+def test_train_fp8_blackwell_table_says_extrapolation():
+    r = run("train", "--model", "llama-3.1-70b", "--hardware", "gb200-nvl72", "--gpus", "64", "--zero", "3",
+            "--micro-batch", "2", "--seq-len", "8192", "--global-batch", "128", "--recompute", "auto",
+            "--dtype", "fp8", "--offload-activations", "2")
+    assert r.exit_code == 0, r.output
+    for word in ("MFU (bf16 peak)", "MFU (fp8 peak)", "extrapolation", "mxfp8", "[auto]", "activations (host)"):
+        assert word in r.output, word
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-3.1-70b", "--gpus", "32", "--tp", "8", "--pp", "4", "--first-stage-layers", "100"],
+     "larger than the model"),
+    (["--gpus", "8", "--cp", "8", "--seq-len", "8196"], "does not divide the sequence"),
+    (["--gpus", "8", "--cp", "8", "--cp-comm", "a2a", "--seq-len", "65536", "--zero", "3", "--global-batch", "8"],
+     None),
+    (["--gpus", "3", "--cp", "3", "--cp-comm", "a2a", "--seq-len", "6144", "--global-batch", "3"], "--cp-comm a2a"),
+    (["--recompute-layers", "2"], "--recompute-layers"),
+    (["--recompute", "selective", "--recompute-modules", "attn"], "--recompute-modules"),
+    (["--framework", "jax"], "--framework jax"),
+    (["--offload-activations", "some"], "--offload-activations"),
+])
+def test_train_new_option_errors_are_one_line(args, needle):
+    """Bad values of the new options: one line naming the option, exit 2 (a good a2a layout runs)."""
+    r = run("train", *args)
+    if needle is None:
+        assert r.exit_code == 0, r.output
+        return
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servesim: error: ") and needle in lines[0]

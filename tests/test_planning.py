@@ -67,8 +67,10 @@ def test_sweep_records_user_errors_and_infeasible_points():
     assert list(res.table.status) == ["infeasible", "ok"] and not res.errors
     res = S.run_sweep(replace(BASE, model="llama-3.1-70b"), G.parse_grid(["tp=1"]), [1.0])
     assert res.errors and "no feasible configuration" in res.first_error
-    res = S.run_sweep(BASE, G.parse_grid(["gpu_memory_utilization=0.9,1.5"]), [1.0])
-    assert list(res.table.status) == ["ok", "error"] and "gpu-memory-utilization" in res.first_error
+    res = S.run_sweep(BASE, G.parse_grid(["num_gpu_blocks=4000,2"]), [1.0])
+    assert list(res.table.status) == ["ok", "error"] and "--num-gpu-blocks 2" in res.first_error
+    with pytest.raises(ConfigError, match="gpu-memory-utilization"):   # checked before any point runs
+        S.run_sweep(BASE, G.parse_grid(["gpu_memory_utilization=0.9,1.5"]), [1.0])
     with pytest.raises(ConfigError):
         S.run_sweep(replace(BASE, slo="ttft=1s"), [], [1.0])
 

@@ -53,11 +53,15 @@ def _korthikanti(s, b, h, a, t, L, mode, sp):
 
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 @pytest.mark.parametrize("sp", [False, True])
-def test_activation_memory_matches_korthikanti(h100, mode, sp):
-    # GPT-3 175B layout of the paper: t = 8, p = 8 (1F1B: stage 0 holds p micro-batches of L/p layers)
+@pytest.mark.parametrize("tp", [1, 8])
+def test_activation_memory_matches_korthikanti(h100, mode, sp, tp):
+    """The per-tensor activation model reproduces Korthikanti et al. 2022 Table 2 exactly for GPT
+    blocks (4h GELU MLP, multi-head attention, dropout, unfused attention, 16 bits). GPT-3 175B
+    layout of the paper: p = 8 (1F1B: stage 0 holds p micro-batches of L/p layers)."""
     m = load_model("gpt3-175b")
-    lay = TrainLayout(tp=8, pp=8, dp=1, sp=sp, recompute=mode, seq_len=2048, micro_batch=1, global_batch=64, zero=0)
-    want = _korthikanti(2048, 1, 12288, 96, 8, 96, mode, sp)
+    lay = TrainLayout(tp=tp, pp=8, dp=1, sp=sp, recompute=mode, seq_len=2048, micro_batch=1, global_batch=64, zero=0,
+                      attention="unfused", dropout=True)
+    want = _korthikanti(2048, 1, 12288, 96, tp, 96, mode, sp and tp > 1)
     assert activation_bytes_per_layer(m, lay) * m.num_layers == pytest.approx(want)
     assert memory_per_gpu(m, h100, lay)["activations"] == pytest.approx(want)
 
@@ -65,13 +69,17 @@ def test_activation_memory_matches_korthikanti(h100, mode, sp):
 def test_selective_sp_paper_number():
     # Korthikanti et al. 2022 sec. 5: GPT-3 175B with SP + selective needs 34 sbh/t per layer.
     m = load_model("gpt3-175b")
-    lay = TrainLayout(tp=8, pp=8, dp=1, sp=True, recompute="selective", seq_len=2048, micro_batch=1, global_batch=8)
+    lay = TrainLayout(tp=8, pp=8, dp=1, sp=True, recompute="selective", seq_len=2048, micro_batch=1, global_batch=8,
+                      attention="unfused", dropout=True)
     assert activation_bytes_per_layer(m, lay) == 34 * 2048 * 12288 / 8
 
 
-def test_model_states_are_16_bytes_per_param(h100):
+def test_model_states_bytes_per_param(h100):
+    """ZeRO (Rajbhandari et al. 2020): 2 + 2 + 12 = 16 B/param with 16-bit gradients (the deepspeed
+    profile); Megatron's fp32 main grads make it 18, and its distributed optimizer 6 + 12/d
+    (Megatron-LM docs, dist_optimizer.md)."""
     m = load_model("llama-3.1-8b")
-    lay = TrainLayout(tp=1, pp=1, dp=8, zero=0, global_batch=8, seq_len=2048)
+    lay = TrainLayout(tp=1, pp=1, dp=8, zero=0, global_batch=8, seq_len=2048, framework="deepspeed")
     mem = memory_per_gpu(m, h100, lay)
     n = m.param_count()
     assert mem["weights"] + mem["gradients"] + mem["optimizer"] == pytest.approx(16 * n)
@@ -79,22 +87,34 @@ def test_model_states_are_16_bytes_per_param(h100):
     assert z3["weights"] + z3["gradients"] + z3["optimizer"] == pytest.approx(16 * n / 8)
     z1 = memory_per_gpu(m, h100, dataclasses.replace(lay, zero=1))
     assert z1["optimizer"] == pytest.approx(12 * n / 8)
+    meg = memory_per_gpu(m, h100, dataclasses.replace(lay, framework="megatron"))
+    assert meg["weights"] + meg["gradients"] + meg["optimizer"] == pytest.approx(18 * n)
+    dist = memory_per_gpu(m, h100, dataclasses.replace(lay, framework="megatron", zero=1))
+    assert dist["weights"] + dist["gradients"] + dist["optimizer"] == pytest.approx((6 + 12 / 8) * n)
 
 
 @pytest.mark.parametrize("name,pp,m_", [("llama-3.1-8b", 2, 4), ("llama-3.1-70b", 4, 8), ("llama-3.1-70b", 8, 64),
                                        ("llama-3.1-70b", 4, 1), ("llama-3.1-70b", 16, 3)])
 def test_bubble_fraction(h100, name, pp, m_):
+    """Narayanan et al. 2021: the slowest stage sets the period, the others fill the ramp:
+    m t_max + (sum t_r - t_max); for equal stages (p - 1)/(m + p - 1) of the pipeline time. Here the
+    last stage also runs the LM head, so the bubble is a little under that."""
     model = load_model(name)
     lay = TrainLayout(tp=8, pp=pp, dp=1, sp=True, seq_len=4096, micro_batch=1, global_batch=m_)
     r = train_step(model, h100, lay)
-    assert r.bubble_fraction == pytest.approx((pp - 1) / (m_ + pp - 1))
+    st = r.extra["stage_times_s"]
+    assert r.breakdown_s["pp_bubble"] == pytest.approx(sum(st) - max(st))
+    assert r.extra["stage_time_s"] == pytest.approx(max(st))
+    equal = (pp - 1) / (m_ + pp - 1)
+    assert equal * 0.85 < r.bubble_fraction <= equal + 1e-12
 
 
 def test_interleaved_bubble_divided_by_vp(h100):
     model = load_model("llama-3.1-70b")
     lay = TrainLayout(tp=8, pp=4, dp=1, vp=5, sp=True, seq_len=4096, micro_batch=1, global_batch=8)
     r = train_step(model, h100, lay)
-    assert r.breakdown_s["pp_bubble"] == pytest.approx(3 / 5 * r.extra["stage_time_s"])
+    st = r.extra["stage_times_s"]
+    assert r.breakdown_s["pp_bubble"] == pytest.approx((sum(st) - max(st)) / 5)
     plain = train_step(model, h100, dataclasses.replace(lay, vp=1))
     assert r.bubble_fraction < plain.bubble_fraction
 
@@ -226,7 +246,7 @@ def test_search_and_strong_scaling(h100):
     m = load_model("llama-3.1-8b")
     res = search_layouts(m, h100, 16, TrainLayout(seq_len=4096, global_batch=64), top=5)
     assert [r.step_time_s for r in res] == sorted(r.step_time_s for r in res)
-    assert all(r.memory_bytes["total"] <= h100.hbm_bytes for r in res)
+    assert all(r.memory_bytes["total"] <= h100.device_bytes for r in res)
     df = scaling_table(m, h100, [8, 16, 32], TrainLayout(tp=2, sp=True, zero=1, seq_len=4096, global_batch=64),
                        mode="strong")
     assert list(df["global_batch"]) == [64, 64, 64]

@@ -296,11 +296,17 @@ def read_training_inputs(path):
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{_show(path)}: file not found")
-    head = pd.read_csv(path, nrows=0)
+    try:
+        head = pd.read_csv(path, nrows=1)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{_show(path)}: not a readable CSV ({str(exc).splitlines()[0]}); expected the layout "
+                          f"of servesim/calibrate/data/training_published_calibration.csv") from None
     missing = [c for c in TRAINING_COLUMNS if c not in head.columns]
     if missing:
         raise ConfigError(f"{_show(path)}: missing required column(s) {', '.join(missing)}; expected the layout "
                           f"of servesim/calibrate/data/training_published_calibration.csv")
+    if head.empty:
+        raise ConfigError(f"{_show(path)}: no data rows under the header; add one row per measured training run")
     cases, _ = trn.load_cases(path)
     return cases
 
@@ -865,16 +871,19 @@ def write_outputs(result: FitResult, output=None, report_dir=None, command: str 
         result.output = str(output)
     first = result.output or result.engine_output
     rep = Path(report_dir) if report_dir else default_report_dir(first)
+    import contextlib
+    from servesim.outputs import OutputDir, atomic_file
     hw_text = profile_text(result, result.output, rep) if result.output else None
     eng_text = engine_text(result, rep) if result.engine else None
-    rep.mkdir(parents=True, exist_ok=True)
-    result.residuals.to_csv(rep / "residuals.csv", index=False)
-    result.holdout.to_csv(rep / "holdout.csv", index=False)
-    (rep / "report.md").write_text(report_markdown(result, command))
-    for path, text in ((result.output, hw_text), (result.engine_output, eng_text)):
-        if path and text is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
+    # every file to a temporary name beside its target first, then all renamed (report, then profiles)
+    with contextlib.ExitStack() as stack:
+        for path, text, option in ((result.output, hw_text, "-o"), (result.engine_output, eng_text, "--engine-output")):
+            if path and text is not None:
+                stack.enter_context(atomic_file(path, option)).write_text(text)
+        out = stack.enter_context(OutputDir(rep, "--report", "servesim calibrate"))
+        out.write(lambda d: (result.residuals.to_csv(d / "residuals.csv", index=False),
+                             result.holdout.to_csv(d / "holdout.csv", index=False),
+                             (d / "report.md").write_text(report_markdown(result, command))))
     return rep
 
 

@@ -69,10 +69,16 @@ def read_measurements(path, required) -> pd.DataFrame:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such file")
-    df = pd.read_csv(p)
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not a readable CSV ({str(exc).splitlines()[0]}); expected columns "
+                          f"{', '.join(required)}") from None
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise ConfigError(f"{p}: missing columns {', '.join(missing)}; expected {', '.join(required)}")
+    if df.empty:
+        raise ConfigError(f"{p}: no data rows under the header; add one row per measurement")
     return df
 
 

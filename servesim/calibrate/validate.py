@@ -79,9 +79,12 @@ def training_suite(path=None, name: str = "training") -> SuiteResult:
 def _kind_of(path) -> str:
     from servesim.calibrate.fit import TRAINING_COLUMNS
     try:
-        cols = set(pd.read_csv(path, nrows=0).columns)
+        head = pd.read_csv(path, nrows=1)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not a readable CSV ({exc})") from None
+        raise ConfigError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    cols = set(head.columns)
+    if head.empty and (set(srv.REQUIRED) <= cols or set(TRAINING_COLUMNS) <= cols):
+        raise ConfigError(f"{path}: no data rows under the header; add one row per measurement")
     if set(srv.REQUIRED) <= cols:
         return "serving"
     if set(TRAINING_COLUMNS) <= cols:
@@ -93,6 +96,7 @@ def _kind_of(path) -> str:
 def run_suites(suite: str = "all", user_csvs=(), quick: bool = False) -> list[SuiteResult]:
     if suite not in ("serving", "training", "vllm", "all"):
         raise ConfigError(f"--suite {suite!r}: use serving, vllm, training or all")
+    kinds = [_kind_of(path) for path in user_csvs]     # every user file checked before any suite runs
     out = []
     if suite in ("serving", "all"):
         out.append(serving_suite(quick=quick))
@@ -100,9 +104,9 @@ def run_suites(suite: str = "all", user_csvs=(), quick: bool = False) -> list[Su
         out.append(vllm_suite())
     if suite in ("training", "all"):
         out.append(training_suite())
-    for path in user_csvs:
+    for path, kind in zip(user_csvs, kinds):
         name = f"user:{Path(path).name}"
-        if _kind_of(path) == "serving":
+        if kind == "serving":
             out.append(serving_suite(path, quick=False, name=name))
         else:
             out.append(training_suite(path, name=name))

@@ -19,6 +19,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 from servesim.errors import ConfigError
 
 _REPO = Path(__file__).resolve().parent.parent.parent
+MAX_MAGNITUDE = 1e18   # a number in a data file, in its key's unit (GB, TFLOPS, us, ...)
 
 
 def display_path(path: Path) -> str:
@@ -39,6 +40,11 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{display_path(path)}: file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{display_path(path)}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{display_path(path)}: not UTF-8 text (a binary or UTF-16 file?); "
+                          "save the TOML file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{display_path(path)}: cannot read it ({exc.strerror or exc})") from None
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -50,6 +56,11 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{display_path(path)}: file not found") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{display_path(path)}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{display_path(path)}: not UTF-8 text (a binary or UTF-16 file?); "
+                          "save the JSON file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{display_path(path)}: cannot read it ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{display_path(path)}: expected a JSON object at top level, got {type(data).__name__}")
     return data
@@ -122,6 +133,9 @@ class Table:
         value = float(value)
         if not math.isfinite(value):
             raise self.error(key, f"must be a finite number, got {value!r}")
+        if abs(value) > MAX_MAGNITUDE:
+            raise self.error(key, f"is implausibly large ({value:g}; at most {MAX_MAGNITUDE:g} in the key's "
+                                  "unit, which stays finite once converted to SI); check the unit in the key name")
         _check_bounds(self, key, value, gt, ge, le)
         return value
 
@@ -138,6 +152,8 @@ class Table:
         value = self.data[key]
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"must be an integer, got {value!r}")
+        if abs(value) > MAX_MAGNITUDE:
+            raise self.error(key, f"is implausibly large ({value}; at most {MAX_MAGNITUDE:g})")
         _check_bounds(self, key, value, gt, ge, le)
         return value
 

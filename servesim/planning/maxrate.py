@@ -39,7 +39,7 @@ def find_max_rate(cfg, tol: float = 0.05, margin: float = 0.0, start: float | No
         return cache[rate]
 
     if start is None:
-        start = cfg.rate if cfg.rate else load_workload(cfg.workload).default_rate * cfg.replicas
+        start = cfg.rate if cfg.rate is not None else load_workload(cfg.workload).default_rate * cfg.replicas
     status, out, ok, reasons = run(start)
     if status != "ok":
         return _row(cfg, status, out, None, None, None, sims, reasons)

@@ -230,13 +230,13 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     slo = parse_slo(base.slo)
     if not slo:
         raise ConfigError("plan needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
-    if base.offline or base.concurrency > 0:
+    if base.offline or base.concurrency is not None:
         raise ConfigError("plan sizes for an open-loop --rate; drop --offline / --concurrency")
     if not 0 <= spec.margin < 1:
         raise ConfigError(f"--margin must be in [0, 1), got {spec.margin}")
     rate = base.rate
     if spec.daily_rates:
-        rate = max(rate or 0.0, max(spec.daily_rates))
+        rate = max(rate if rate is not None else 0.0, max(spec.daily_rates))
     if rate is None:
         rate = load_workload(base.workload).default_rate
     if rate <= 0:

@@ -27,16 +27,18 @@ class SweepResult:
 
 
 def validate_base(base, grid) -> None:
-    """Fail fast, before anything runs, on inputs every point shares (SLO, model, workload)."""
-    from ..config import load_model
-    from ..metrics import parse_slo
-    from ..workload import load_workload
-    parse_slo(base.slo)
-    values = dict(grid)
-    for m in values.get("model", [base.model]):
-        load_model(m)
-    for w in values.get("workload", [base.workload]):
-        load_workload(w)
+    """Fail fast, before anything runs: every grid point's options (`checks.check_sim_config`), then
+    what needs the model, preset and workload loaded (`api.resolve`), once per distinct point."""
+    from dataclasses import replace
+    from ..api import resolve
+    from ..checks import check_sim_config
+    seen = set()
+    for point in expand(base, grid, None):
+        point = check_sim_config(point)
+        key = replace(point, rate=None, seed=0, price=None)
+        if key not in seen:
+            seen.add(key)
+            resolve(point)
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
@@ -71,7 +73,7 @@ def run_max_rate(base, grid, backend: Backend | None = None, tol: float = 0.05, 
     """Per grid point, the highest sustainable rate meeting the SLOs (`maxrate.find_max_rate`)."""
     if not base.slo:
         raise ConfigError("--find-max-rate needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
-    if base.offline or base.concurrency > 0:
+    if base.offline or base.concurrency is not None:
         raise ConfigError("--find-max-rate searches the open-loop --rate; drop --offline / --concurrency")
     if not 0 < tol < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tol}")

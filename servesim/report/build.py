@@ -214,8 +214,9 @@ def md_table(df: pd.DataFrame, columns: dict) -> str:
 
 
 # ---------------------------------------------------------------- the report
-def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=None) -> Path:
-    """Run every section and write `outdir`/report.md, its PNGs and CSVs. Returns the report path."""
+def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=None, shown_as=None) -> Path:
+    """Run every section and write `outdir`/report.md, its PNGs and CSVs. Returns the report path.
+    ``shown_as``: the folder the regenerate command names (when `outdir` is a staging folder)."""
     from .. import __version__
     from ..config import load_hardware, load_model
     from ..metrics import parse_slo
@@ -247,7 +248,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     rates = list(spec.rates) if spec.rates else default_rates(base, tps, (isl, osl))
     rate = spec.rate if spec.rate is not None else workload.default_rate
     if command is None:
-        command = regenerate_command(replace(spec, rates=tuple(rates), rate=rate), str(outdir))
+        command = regenerate_command(replace(spec, rates=tuple(rates), rate=rate), str(shown_as or outdir))
 
     say("sweep")
     sweep = sweep_section(base, tps, rates)

@@ -25,6 +25,8 @@ def split_group(hw, n: int, stride: int) -> tuple[int, int]:
     """(members per scale-up domain, number of domains) of a group of n ranks, stride apart."""
     if n <= 1:
         return 1, 1
+    if hw.scaleup_bw > 0 and n * max(1, stride) <= hw.scaleup_domain:
+        return n, 1  # the whole group inside one scale-up domain (e.g. 64 GPUs of a GB200 NVL72 rack)
     per_domain = max(1, hw.scaleup_domain // max(1, stride)) if hw.scaleup_bw > 0 else 1
     n_in = math.gcd(n, per_domain)
     return n_in, n // n_in
@@ -55,10 +57,18 @@ def allreduce(hw, nbytes: float, n: int, stride: int = 1) -> float:
     return t
 
 
-def reduce_scatter(hw, nbytes: float, n: int, stride: int = 1) -> float:
-    """Hierarchical reduce-scatter (equally, all-gather) of an nbytes buffer over n ranks."""
+def reduce_scatter(hw, nbytes: float, n: int, stride: int = 1, hierarchical: bool = True) -> float:
+    """Hierarchical reduce-scatter (equally, all-gather) of an nbytes buffer over n ranks.
+
+    ``hierarchical=False``: one flat ring over all n ranks whose every step runs at the slowest
+    link of the group -- each rank's NIC once the group leaves the scale-up domain -- with no
+    intra-node stage sharing the node's NICs (DeepSpeed ZeRO-3 before ZeRO++'s hierarchical
+    partitioning; Wang et al. 2023, arXiv:2306.10209, sec. 3)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if not hierarchical:
+        _, bw, a = link_for_group(hw, n, span_in_domain=n * stride)
+        return reduce_scatter_time_nb(nbytes, n, bw, a)
     n_in, n_out = split_group(hw, n, stride)
     t = 0.0
     if n_in > 1:

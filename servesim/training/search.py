@@ -2,9 +2,10 @@
 
 The search enumerates TP over divisors of the head count up to the scale-up domain, PP over
 divisors of the layer count, CP in {1, 2, 4, 8} (for sequences of 8K or more), EP over divisors of
-the expert count inside DP x CP, virtual stages {1, 2, 4}, ZeRO {1, 3}, recompute
-{none, selective, full} and micro-batches {1, 2, 4, 8}; SP is on whenever TP > 1. Layouts that do
-not divide or do not fit are skipped. Deterministic: ties break on the enumeration order.
+the expert count inside DP x CP, virtual stages {1, 2, 4}, ZeRO {1, 3} and micro-batches
+{1, 2, 4, 8}, each with ``--recompute auto`` (the least recomputation that fits, the fastest of the
+recompute choices for that layout); SP is on whenever TP > 1. Layouts that do not divide or do not
+fit are skipped. Deterministic: ties break on the enumeration order.
 """
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def candidate_layouts(model, hw, gpus: int, base: TrainLayout):
                     for vp in ((1, 2, 4) if pp > 1 else (1,)):
                         for mb in (1, 2, 4, 8):
                             for zero in (1, 3):
-                                for rc in ("none", "selective", "full"):
-                                    yield dataclasses.replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,
-                                                              sp=tp > 1, tp_overlap=base.tp_overlap and tp > 1, micro_batch=mb, zero=zero,
-                                                              recompute=rc)
+                                yield dataclasses.replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,
+                                                          sp=tp > 1, tp_overlap=base.tp_overlap and tp > 1,
+                                                          micro_batch=mb, zero=zero, recompute="auto",
+                                                          recompute_layers=None, recompute_modules=(),
+                                                          first_stage_layers=None, last_stage_layers=None,
+                                                          account_for_embedding=False, account_for_loss=False)
 
 
 def search_layouts(model, hw, gpus: int, base: TrainLayout, top: int = 10) -> list[TrainResult]:
@@ -65,7 +68,9 @@ def results_frame(results: list[TrainResult]) -> pd.DataFrame:
     for r in results:
         lay = r.layout
         rows.append({"gpus": r.gpus, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
-                     "vp": lay.vp, "sp": lay.sp, "zero": lay.zero, "recompute": lay.recompute,
+                     "vp": lay.vp, "sp": lay.sp, "zero": lay.zero,
+                     "recompute": lay.recompute + (f" {lay.recompute_layers}/chunk" if lay.recompute_layers else "")
+                     + (f" ({','.join(lay.modules)})" if lay.modules else ""),
                      "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                      "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s,
                      "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu,

@@ -1,0 +1,188 @@
+"""Training framework profiles (``data/frameworks/<name>.toml``) and architecture figures
+(``data/architectures.toml``) -> validated, frozen dataclasses.
+
+A hardware profile describes silicon; a framework profile describes how a training framework runs
+a model on it: which attention kernel, which gradient precision, whether data-parallel traffic
+overlaps compute, how ZeRO-3 / FSDP gathers parameters, how fp8 is applied. Schema and the meaning
+of every key: ``data/README.md``; every value's source is in its file.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from servesim.config._toml import Table, display_path, read_toml
+from servesim.errors import ConfigError
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+FRAMEWORKS_DIR = DATA_DIR / "frameworks"
+ATTENTION_KERNELS = ("flash", "fa2", "unfused")
+FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
+
+_TOP_KEYS = ("name", "description", "source", "attention", "precision", "data_parallel")
+_ATTN_KEYS = ("kernel",)
+_PREC_KEYS = ("grad_bytes", "fp8", "fp8_recipe_hopper", "fp8_recipe_blackwell", "fp8_norm_cast_fused",
+              "fp8_weight_cache", "fp8_lm_head")
+_DP_KEYS = ("default_zero", "overlap_grad_reduce", "overlap_param_gather", "hierarchical",
+            "fsdp_prefetch_layers", "zero3_live_params_m", "fsdp_param_bytes")
+_ARCH_KEYS = ("profiles", "calibrated", "fp8_gemm_ratio", "mxfp8", "note")
+_ARCH_OPTIONAL = ("fa2_attention_max",)
+
+
+@dataclass(frozen=True)
+class Framework:
+    """How one training framework runs a model (see data/README.md for each field)."""
+
+    name: str
+    description: str
+    source: str
+    path: Path
+    attention: str
+    grad_bytes: int
+    fp8: bool
+    fp8_recipe_hopper: str
+    fp8_recipe_blackwell: str
+    fp8_norm_cast_fused: bool
+    fp8_weight_cache: bool
+    fp8_lm_head: bool
+    default_zero: int
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    hierarchical: bool
+    fsdp_prefetch_layers: int
+    zero3_live_params: float  # 0: whole layers are gathered; else at most this many parameters at once
+    fsdp_param_bytes: int
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Training-kernel figures of one GPU architecture (data/architectures.toml)."""
+
+    name: str
+    calibrated: bool
+    fa2_attention_max: float | None  # None: the hardware profile's attn_prefill_max
+    fp8_gemm_ratio: float            # fp8 GEMM fraction of the fp8 peak / bf16 fraction of the bf16 peak
+    mxfp8: bool                      # hardware block scaling (Blackwell)
+    note: str
+
+
+def list_frameworks() -> list[str]:
+    return sorted(p.stem for p in FRAMEWORKS_DIR.glob("*.toml"))
+
+
+def load_framework(name_or_path: str) -> Framework:
+    """A shipped name (``megatron``) or a path to a framework TOML."""
+    text = str(name_or_path)
+    if text.endswith(".toml") or "/" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"--framework {text}: file not found; use one of {', '.join(list_frameworks())} "
+                              f"or a path to a framework .toml")
+        return _load(path.resolve())
+    path = FRAMEWORKS_DIR / f"{text}.toml"
+    if not path.is_file():
+        raise ConfigError(f"--framework {text}: unknown framework; use one of {', '.join(list_frameworks())} "
+                          f"or a path to a framework .toml")
+    return _load(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: Path) -> Framework:
+    top = Table(read_toml(path), path)
+    top.expect_keys(_TOP_KEYS)
+    name = top.str("name", nonempty=True)
+    if name != path.stem:
+        raise top.error("name", f"must equal the file stem '{path.stem}', got {name!r}")
+    att = top.table("attention")
+    att.expect_keys(_ATTN_KEYS)
+    prec = top.table("precision")
+    prec.expect_keys(_PREC_KEYS)
+    dp = top.table("data_parallel")
+    dp.expect_keys(_DP_KEYS)
+    grad_bytes = prec.int("grad_bytes", ge=2, le=4)
+    if grad_bytes == 3:
+        raise prec.error("grad_bytes", "must be 2 (bf16/fp16) or 4 (fp32), got 3")
+    param_bytes = dp.int("fsdp_param_bytes", ge=2, le=4)
+    if param_bytes == 3:
+        raise dp.error("fsdp_param_bytes", "must be 2 (bf16/fp16) or 4 (fp32), got 3")
+    zero = dp.int("default_zero", ge=0, le=3)
+    return Framework(
+        name=name, description=top.str("description", nonempty=True), source=top.str("source", nonempty=True),
+        path=path, attention=att.str("kernel", choices=ATTENTION_KERNELS), grad_bytes=grad_bytes,
+        fp8=prec.bool("fp8"), fp8_recipe_hopper=prec.str("fp8_recipe_hopper", choices=FP8_RECIPES),
+        fp8_recipe_blackwell=prec.str("fp8_recipe_blackwell", choices=FP8_RECIPES),
+        fp8_norm_cast_fused=prec.bool("fp8_norm_cast_fused"), fp8_weight_cache=prec.bool("fp8_weight_cache"),
+        fp8_lm_head=prec.bool("fp8_lm_head"),
+        default_zero=zero, overlap_grad_reduce=dp.bool("overlap_grad_reduce"),
+        overlap_param_gather=dp.bool("overlap_param_gather"), hierarchical=dp.bool("hierarchical"),
+        fsdp_prefetch_layers=dp.int("fsdp_prefetch_layers", ge=0, le=8),
+        zero3_live_params=dp.float("zero3_live_params_m", ge=0.0) * 1e6, fsdp_param_bytes=param_bytes)
+
+
+@functools.lru_cache(maxsize=None)
+def _architectures() -> dict[str, Architecture]:
+    path = DATA_DIR / "architectures.toml"
+    top = Table(read_toml(path), path)
+    by_profile: dict[str, Architecture] = {}
+    for name in top.data:
+        t = top.table(name)
+        t.expect_keys(_ARCH_KEYS, optional=_ARCH_OPTIONAL)
+        ratio = t.float("fp8_gemm_ratio", ge=0.0, le=1.0)
+        arch = Architecture(name=name, calibrated=t.bool("calibrated"),
+                            fa2_attention_max=t.fraction("fa2_attention_max") if t.has("fa2_attention_max") else None,
+                            fp8_gemm_ratio=ratio, mxfp8=t.bool("mxfp8"), note=t.str("note"))
+        profiles = t.data["profiles"]
+        if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+            raise t.error("profiles", f"must be a list of hardware profile names, got {profiles!r}")
+        for p in profiles:
+            if p in by_profile:
+                raise t.error("profiles", f"lists {p!r}, already in [{by_profile[p].name}]")
+            by_profile[p] = arch
+    return by_profile
+
+
+UNKNOWN_ARCHITECTURE = Architecture(name="unknown", calibrated=False, fa2_attention_max=None, fp8_gemm_ratio=0.749,
+                                    mxfp8=False, note="a hardware profile outside architectures.toml: efficiencies "
+                                                      "as its profile gives them, fp8/bf16 GEMM ratio Hopper's")
+
+
+def architecture_of(hw) -> Architecture:
+    """The architecture of a hardware profile (by name; a profile file of another name: the
+    architecture of the profile it borrows its efficiencies from, else unknown)."""
+    archs = _architectures()
+    if hw.name in archs:
+        return archs[hw.name]
+    if getattr(hw, "efficiency_from", "") in archs:
+        return archs[hw.efficiency_from]
+    return UNKNOWN_ARCHITECTURE
+
+
+def efficiency_architecture(hw) -> str:
+    """The architecture whose measurements a profile's efficiencies come from: its own when it
+    carries them, else that of the profile it borrows them from (b200 -> h100-sxm -> hopper)."""
+    src = getattr(hw, "efficiency_from", "")
+    archs = _architectures()
+    if src and src in archs:
+        return archs[src].name
+    return architecture_of(hw).name
+
+
+def extrapolation_note(hw) -> str:
+    """Why a prediction on ``hw`` is an extrapolation ("" when the architecture has training data
+    and the profile carries its own measured efficiencies)."""
+    arch = architecture_of(hw)
+    parts = []
+    if not arch.calibrated:
+        parts.append(arch.note or f"no training measurements on {arch.name}")
+    if getattr(hw, "efficiency_from", ""):
+        parts.append(f"{hw.name} borrows its measured efficiencies from {hw.efficiency_from}")
+    return "; ".join(parts)
+
+
+def default_fp8_recipe(fw: Framework, hw) -> str:
+    return fw.fp8_recipe_blackwell if architecture_of(hw).mxfp8 else fw.fp8_recipe_hopper
+
+
+def describe(fw: Framework) -> str:
+    return f"{fw.name} ({display_path(fw.path)})"
