@@ -27,28 +27,88 @@ def _check_train_options(kw: dict) -> None:
     for name in ("tp", "pp", "cp", "ep", "vp", "seq_len", "micro_batch", "global_batch"):
         check_int(kw[name], "--" + name.replace("_", "-"))
     check_int(kw["dp"], "--dp", none_ok=True, hint=" (omit it for GPUs / (tp x pp x cp))")
-    check_int(kw["zero"], "--zero", ge=0, le=3, none_ok=True, hint=" (ZeRO stage 0-3)")
+    check_int(kw["zero"], "--zero", ge=0, le=3, none_ok=True, hint=" (ZeRO stage 0-3; omit it for the framework's)")
+
+
+def _offload(value) -> int:
+    if value is None:
+        return 0
+    text = str(value).strip().lower()
+    if text == "all":
+        return 1 << 30  # every layer of every chunk
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"--offload-activations: expected a layer count per model chunk or 'all', got {value!r}") from None
+    if n < 0:
+        raise ConfigError(f"--offload-activations: expected a layer count >= 0 or 'all', got {value!r}")
+    return n
+
+
+def _modules(value) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(v.strip() for v in str(value).split(",") if v.strip())
 
 
 def _train_options(f):
     opts = [
         click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path."),
         click.option("--hardware", default="h100-sxm", show_default=True, help="Hardware profile."),
+        click.option("--framework", default="megatron", show_default=True,
+                     help="Training framework profile: megatron, nemo, torchtitan, deepspeed, hf, composer, or a "
+                          "TOML file (servesim/training/data/frameworks)."),
         click.option("--gpus", default="8", show_default=True,
                      help="Total GPUs, or a list (64,128,...) for a scaling table."),
         click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel degree."),
         click.option("--pp", default=1, show_default=True, type=int, help="Pipeline stages."),
         click.option("--dp", default=None, type=int, help="Data-parallel degree [default: GPUs/(tp*pp*cp)]."),
-        click.option("--cp", default=1, show_default=True, type=int, help="Context-parallel degree (ring attention)."),
+        click.option("--cp", default=1, show_default=True, type=int, help="Context-parallel degree."),
+        click.option("--cp-comm", default="ring", show_default=True, type=click.Choice(["ring", "a2a"]),
+                     help="Context parallelism: ring attention (KV blocks passed around, overlapped) or "
+                          "all-to-all (Ulysses: heads re-split).") ,
         click.option("--ep", default=1, show_default=True, type=int, help="Expert-parallel degree (inside DP)."),
         click.option("--vp", default=1, show_default=True, type=int, help="Virtual stages per pipeline rank (interleaved 1F1B)."),
+        click.option("--first-stage-layers", default=None, type=int,
+                     help="Layers of the first pipeline stage (Megatron --decoder-first-pipeline-num-layers); "
+                          "the middle stages share the rest."),
+        click.option("--last-stage-layers", default=None, type=int,
+                     help="Layers of the last pipeline stage (Megatron --decoder-last-pipeline-num-layers)."),
+        click.option("--account-for-embedding", is_flag=True,
+                     help="Count the embedding as a layer in the pipeline split (Megatron's option of that name)."),
+        click.option("--account-for-loss", is_flag=True,
+                     help="Count the LM head and loss as a layer in the pipeline split (Megatron's option)."),
         click.option("--sp/--no-sp", default=False, show_default=True, help="Sequence parallelism with TP."),
         click.option("--tp-overlap", is_flag=True,
                      help="Overlap SP's all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs --sp)."),
-        click.option("--zero", default=1, show_default=True, type=int, help="ZeRO stage 0-3 (FSDP = 3)."),
+        click.option("--zero", default=None, type=int,
+                     help="ZeRO stage 0-3 (1 = distributed optimizer, 3 = FSDP) [default: the framework's].") ,
+        click.option("--dp-overlap/--no-dp-overlap", default=None,
+                     help="Overlap gradient reduction / parameter gathers with compute [default: the framework's]."),
+        click.option("--fsdp-prefetch", default=None, type=int,
+                     help="ZeRO-3/FSDP: layers whose parameters are gathered ahead [default: the framework's]."),
+        click.option("--fsdp-param-bytes", default=None, type=click.Choice(["2", "4"]),
+                     help="ZeRO-3/FSDP: bytes per gathered parameter (4: fp32 gathers) [default: the framework's]."),
         click.option("--recompute", default="selective", show_default=True,
-                     type=click.Choice(["none", "selective", "full"])),
+                     type=click.Choice(["none", "selective", "full", "auto"]),
+                     help="Activation recomputation; auto = the least recomputation that fits in memory."),
+        click.option("--recompute-layers", default=None, type=int,
+                     help="With --recompute full: recompute only N layers of each model chunk (Megatron "
+                          "--recompute-method block --recompute-num-layers N)."),
+        click.option("--recompute-modules", default=None,
+                     help="With --recompute selective: modules to recompute, comma-separated: core_attn (default), "
+                          "mlp, moe, moe_act, shared_experts, layernorm, mla_up_proj."),
+        click.option("--offload-activations", default=None,
+                     help="Move the saved activations of N layers per model chunk (or 'all') to host memory over "
+                          "PCIe / NVLink-C2C, overlapped with compute."),
         click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp8"])),
+        click.option("--fp8-recipe", default=None, type=click.Choice(["delayed", "current", "block", "mxfp8"]),
+                     help="fp8 scaling: delayed (per-tensor amax history), current (per-tensor, this step), block "
+                          "(1x128 tiles, software), mxfp8 (Blackwell hardware blocks) [default: the framework's "
+                          "for the architecture]."),
+        click.option("--attention", default=None, type=click.Choice(["flash", "fa2", "unfused"]),
+                     help="Attention kernel [default: the framework's]."),
+        click.option("--dropout", is_flag=True, help="Attention and hidden dropout on (GPT-3 style recipes): masks kept."),
         click.option("--seq-len", default=4096, show_default=True, type=int),
         click.option("--micro-batch", default=1, show_default=True, type=int, help="Sequences per micro-batch."),
         click.option("--global-batch", default=256, show_default=True, type=int, help="Sequences per step."),
@@ -64,31 +124,54 @@ def _fmt_s(x: float) -> str:
 
 def _render_result(d: dict) -> str:
     lay = d["layout"]
+    rc = lay["recompute"]
+    if lay.get("recompute_layers"):
+        rc += f" ({lay['recompute_layers']} layers per chunk)"
+    elif lay["recompute"] == "selective":
+        rc += f" ({','.join(lay.get('recompute_modules') or ['core_attn'])})"
+    if d.get("recompute_asked") == "auto":
+        rc += " [auto]"
+    stages = ""
+    if lay.get("first_stage_layers") or lay.get("last_stage_layers") or lay.get("account_for_embedding") \
+            or lay.get("account_for_loss"):
+        stages = f" stages={'/'.join(str(n) for n in d.get('layers_per_rank', []))}"
     lines = [
-        f"{d['model']} on {d['gpus']} x {d['hardware']}: tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} "
-        f"cp={lay['cp']} ep={lay['ep']} vp={lay['vp']} sp={'on' if lay['sp'] else 'off'}"
-        f"{' tp-overlap' if lay['tp_overlap'] else ''} zero={lay['zero']} "
-        f"recompute={lay['recompute']} dtype={lay['dtype']}",
+        f"{d['model']} on {d['gpus']} x {d['hardware']} ({d['framework']}): tp={lay['tp']} pp={lay['pp']} "
+        f"dp={lay['dp']} cp={lay['cp']}{' (' + lay['cp_comm'] + ')' if lay['cp'] > 1 else ''} ep={lay['ep']} "
+        f"vp={lay['vp']}{stages} sp={'on' if lay['sp'] else 'off'}"
+        f"{' tp-overlap' if lay['tp_overlap'] else ''} zero={lay['zero']} recompute={rc} dtype={lay['dtype']}"
+        f"{' (' + lay['fp8_recipe'] + ')' if lay['dtype'] == 'fp8' else ''} attention={lay['attention']}"
+        f"{' offload=' + str(min(lay['offload_layers'], 10**6)) + ' layers/chunk' if lay['offload_layers'] else ''}",
         f"seq {lay['seq_len']}, micro-batch {lay['micro_batch']}, global batch {lay['global_batch']} "
         f"({d['global_batch_microbatches']} micro-batches per DP rank)",
         "",
         f"step time            {_fmt_s(d['step_time_s'])}",
         f"tokens/s             {d['tokens_per_s']:,.0f}",
         f"tokens/s/GPU         {d['tokens_per_s_per_gpu']:,.1f}",
-        f"MFU                  {d['mfu'] * 100:.1f}%   (6N + 12 L s d_attn per token, non-causal, no recompute, / bf16 peak)",
-        f"HFU                  {d['hfu'] * 100:.1f}%   (MFU FLOPs + recomputed FLOPs)",
+        f"MFU (bf16 peak)      {d['mfu'] * 100:.1f}%   (6N + 12 L s d_attn per token, non-causal, no recompute, / bf16 dense peak)",
+    ]
+    if d.get("mfu_fp8_peak") is not None:
+        lines.append(f"MFU (fp8 peak)       {d['mfu_fp8_peak'] * 100:.1f}%   (the same FLOPs / fp8 dense peak)")
+    lines += [
+        f"HFU                  {d['hfu'] * 100:.1f}%   (MFU FLOPs + recomputed FLOPs, / bf16 peak)",
         f"pipeline bubble      {d['bubble_fraction'] * 100:.1f}% of pipeline time",
         f"bottleneck           {d['bottleneck']}",
-        "",
-        "time per step:",
     ]
+    if d.get("extrapolation"):
+        lines.append(f"extrapolation        {d['extrapolation']}")
+    lines += ["", "time per step:"]
     total = d["step_time_s"]
     for k, v in d["breakdown_s"].items():
         note = " (inside compute)" if k == "recompute" else ""
         lines.append(f"  {k:<18} {_fmt_s(v):>12}  {v / total * 100:5.1f}%{note}")
     mem = d["memory_gib_per_gpu"]
-    lines += ["", f"memory per GPU: {mem['total']:.1f} GiB of {mem['hbm']:.1f} GiB"]
+    lines += ["", f"memory per GPU: {mem['total']:.1f} GiB of {mem['device']:.1f} GiB "
+                  f"(fullest pipeline rank: {mem['pipeline_rank']})"]
     for k, v in mem["parts"].items():
+        if k == "activations_offloaded_host":
+            if v > 0:
+                lines.append(f"  {'activations (host)':<18} {v:8.2f} GiB  (not on the GPU)")
+            continue
         lines.append(f"  {k:<18} {v:8.2f} GiB")
     return "\n".join(lines)
 
@@ -98,7 +181,14 @@ def _base_layout(kw, dp=1):
     return TrainLayout(tp=kw["tp"], pp=kw["pp"], dp=dp, cp=kw["cp"], ep=kw["ep"], vp=kw["vp"], sp=kw["sp"],
                        tp_overlap=kw["tp_overlap"], zero=kw["zero"], recompute=kw["recompute"],
                        dtype=kw["dtype"], seq_len=kw["seq_len"], micro_batch=kw["micro_batch"],
-                       global_batch=kw["global_batch"])
+                       global_batch=kw["global_batch"], first_stage_layers=kw["first_stage_layers"],
+                       last_stage_layers=kw["last_stage_layers"], account_for_embedding=kw["account_for_embedding"],
+                       account_for_loss=kw["account_for_loss"], recompute_layers=kw["recompute_layers"],
+                       recompute_modules=_modules(kw["recompute_modules"]),
+                       offload_layers=_offload(kw["offload_activations"]), cp_comm=kw["cp_comm"],
+                       framework=kw["framework"], fp8_recipe=kw["fp8_recipe"], attention=kw["attention"],
+                       dropout=kw["dropout"], dp_overlap=kw["dp_overlap"], fsdp_prefetch=kw["fsdp_prefetch"],
+                       fsdp_param_bytes=int(kw["fsdp_param_bytes"]) if kw["fsdp_param_bytes"] else None)
 
 
 @click.command()
@@ -181,6 +271,8 @@ def _train(model, hw, gpus, kw, search, top, scaling, fmt, out):
 def _result_dict(res) -> dict:
     d = res.as_dict()
     d["global_batch_microbatches"] = res.extra["num_microbatches"]
+    d["recompute_asked"] = res.extra.get("recompute_asked")
+    d["layers_per_rank"] = res.extra.get("layers_per_rank", [])
     return d
 
 
