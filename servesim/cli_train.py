@@ -206,7 +206,9 @@ def train(search, top, scaling, fmt, outdir, **kw):
 
     MFU counts 6N FLOPs per token (N = active parameters in matmuls, LM head included, input
     embedding excluded) plus 12 L s d_attn for attention (non-causal), without recomputation,
-    against the bf16 dense peak; HFU adds recomputed FLOPs.
+    against the bf16 dense peak (fp8 runs also print it against the fp8 peak); HFU adds recomputed
+    FLOPs. --framework sets how the run is executed (attention kernel, gradient precision, DP
+    overlap, ZeRO-3 gathers, fp8 recipe): servesim/training/data/frameworks.
 
     \b
     Examples:
@@ -214,6 +216,8 @@ def train(search, top, scaling, fmt, outdir, **kw):
       servesim train --model llama-3.1-70b --gpus 64 --tp 4 --pp 4 --cp 2 --vp 5 --sp --seq-len 8192 --global-batch 128
       servesim train --model llama-3.1-70b --gpus 256 --search --global-batch 512
       servesim train --model llama-3.1-8b --gpus 8,16,32,64 --tp 1 --global-batch 64 -o scaling/
+      servesim train --model llama-3.1-405b --gpus 512 --tp 8 --pp 8 --vp 8 --cp 2 --sp --framework nemo --account-for-embedding --account-for-loss --seq-len 8192 --global-batch 256 --recompute auto
+      servesim train --model llama-3.1-70b --hardware gb200-nvl72 --gpus 64 --zero 3 --micro-batch 2 --seq-len 8192 --global-batch 128 --dtype fp8 --offload-activations all
     """
     from .checks import check_int
     from .config import load_hardware, load_model

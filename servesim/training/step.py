@@ -71,7 +71,7 @@ from servesim.costmodel.roofline import gemm_time_nb, roofline_time_nb
 from servesim.errors import InfeasibleError
 
 from . import comm
-from .flops import attention_core_flops, attn_dims, ffn_gemms, gemm_flops, model_flops_per_token
+from .flops import attention_core_flops, attn_dims, ffn_gemms, gemm_flops, layer_gemms, model_flops_per_token
 from .framework import architecture_of, efficiency_architecture, extrapolation_note, load_framework
 from .layout import TrainLayout, check_layout, resolve_layout
 from .memory import GiB, as_gib, fp8_element_bytes, layer_recompute_flags, memory_by_rank, stage_params
@@ -618,7 +618,6 @@ def _recompute_flops_fraction(model, lay) -> float:
             for j, i in enumerate(ch.layers):
                 moe = model.is_moe_layer(i)
                 if flags[j]:
-                    from .flops import layer_gemms
                     rec += gemm_flops(layer_gemms(model, moe, 1.0)) + per_layer_attn
                     continue
                 mods = set(lay.modules)
