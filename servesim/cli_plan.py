@@ -25,6 +25,9 @@ def _price_option(f):
 
 
 def _backend_options(f):
+    f = click.option("--dask-timeout", default=None, type=float, metavar="SECONDS",
+                     help="With --dask-scheduler: give up, keeping the finished points, when the scheduler "
+                          "is unreachable or no worker is connected for this long (default 60).")(f)
     f = click.option("--dask-scheduler", default=None, metavar="tcp://HOST:PORT",
                      help="Run points on this Dask cluster instead of the local process pool.")(f)
     f = click.option("--workers", default=None, type=int, help="Local worker processes (default: every core).")(f)
@@ -131,7 +134,8 @@ def _text_table(df, lead, columns) -> str:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write sweep.csv (+ .parquet) and figures here.")
-def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers, fmt, outdir, prices, **kw):
+def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_timeout, workers, fmt, outdir, prices,
+          **kw):
     """Sweep arrival rate and any grid of options; one full simulation per point.
 
     \b
@@ -182,7 +186,7 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, workers
 
     with output_dir(outdir, "-o", "servesim sweep") as out:
         bar = _Progress(n_points, "max-rate search" if find_max_rate else "sweep")
-        with backends.make_backend(dask_scheduler, workers) as be:
+        with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             runner = be
             if out is not None:   # save each point as it finishes; a rerun skips the saved ones
                 runner = Checkpointed(be, PointStore(out.path / POINTS))
@@ -272,7 +276,7 @@ def _plan_options(f):
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write plan.json, candidates.csv and pareto.png here.")
 def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget, margin,
-         daily_rates, exhaustive, top, dask_scheduler, workers, fmt, outdir, prices, **kw):
+         daily_rates, exhaustive, top, dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
     """Find the cheapest deployment that meets every SLO at the target load.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size / token budget), prunes with
@@ -322,7 +326,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
                     prices=per_hw, default_price=default_price, exhaustive=exhaustive,
                     daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else ())
     with output_dir(outdir, "-o", "servesim plan") as od:
-        with backends.make_backend(dask_scheduler, workers) as be:
+        with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             bar = _Progress(2, "plan")
             try:
                 res = run_plan(spec, be, progress=None)

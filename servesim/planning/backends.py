@@ -7,9 +7,10 @@ an error record instead), so one bad point never loses the others.
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ServesimError
 
 
 class Backend:
@@ -91,40 +92,133 @@ class LocalBackend(Backend):
             self._pool = None
 
 
-class DaskBackend(Backend):
-    """dask.distributed.Client(address).map; gathered back in input order."""
-    name = "dask"
+class ClusterError(ServesimError):
+    """The Dask cluster was lost (scheduler gone, no workers left) before every point was computed."""
 
-    def __init__(self, address: str, timeout: str = "10s"):
+
+class DaskBackend(Backend):
+    """dask.distributed.Client(address).map; gathered back in input order.
+
+    ``timeout`` (seconds, or a dask duration string) bounds the connection and how long a sweep waits
+    while the cluster cannot make progress -- the scheduler unreachable, or no worker connected; then
+    `ClusterError` says so in one line, after every point finished so far was handed to
+    ``on_result``. Losing some of the workers is not an error: the scheduler reruns their tasks on
+    the others. While the backend is open, distributed's own log messages (reconnect attempts,
+    CommClosedError tracebacks) are silenced: the error is the one line."""
+    name = "dask"
+    _QUIET = ("distributed", "tornado", "asyncio")
+
+    def __init__(self, address: str, timeout: float | str = 60.0):
         try:
             from dask.distributed import Client
+            from dask.utils import parse_timedelta
         except ImportError:
             raise ConfigError("--dask-scheduler needs dask.distributed; pip install 'servesim[dask]'") from None
+        self.address = address
+        self.timeout = float(parse_timedelta(timeout, default="s"))
+        self._levels = {}
+        self.failed = False
         try:
-            self.client = Client(address, timeout=timeout)
+            self.client = Client(address, timeout=self.timeout)
         except (OSError, TimeoutError, ValueError) as e:
             raise ConfigError(f"--dask-scheduler: cannot connect to {address!r} ({e}); "
                               "give the scheduler address, e.g. tcp://127.0.0.1:8786") from None
+        self._quiet(True)
+
+    def _quiet(self, on: bool) -> None:
+        """Silence (or restore) distributed's loggers and their children (dask configures the children's
+        levels one by one, so each is set)."""
+        import logging
+        if not on:
+            for name, level in self._levels.items():
+                logging.getLogger(name).setLevel(level)
+            self._levels = {}
+            return
+        names = set(self._QUIET) | {n for n in logging.root.manager.loggerDict
+                                    if n.split(".")[0] in self._QUIET}
+        for name in names:
+            log = logging.getLogger(name)
+            self._levels.setdefault(name, log.level)
+            log.setLevel(logging.CRITICAL + 1)
+
+    def _lost(self, why: str, done: int, total: int) -> ClusterError:
+        self.failed = True
+        return ClusterError(f"--dask-scheduler {self.address}: {why}; {done} of {total} points were completed "
+                            "(kept); check the cluster and rerun")
+
+    def _unhealthy(self) -> str | None:
+        """Why the cluster cannot make progress now, or None: the scheduler unreachable, or no workers."""
+        if self.client.status != "running":
+            return "lost the connection to the scheduler"
+        try:
+            workers = self.client.sync(self.client.scheduler.ncores, callback_timeout=min(5.0, self.timeout))
+        except Exception:   # any failure to ask is the same answer: the scheduler does not respond
+            return "the scheduler does not respond"
+        return None if workers else "no worker is connected"
 
     def map(self, fn, items, progress=None, on_result=None):
-        from dask.distributed import as_completed
+        from dask.distributed import wait
+        from distributed import KilledWorker
+        from distributed.comm.core import CommClosedError
+        from concurrent.futures import CancelledError
         items = list(items)
         if not items:
             return []
-        futures = self.client.map(fn, items, pure=False)
+        n = len(items)
+        try:
+            futures = self.client.map(fn, items, pure=False)
+        except (CommClosedError, OSError, ValueError, CancelledError) as e:
+            raise self._lost(f"cannot submit work ({type(e).__name__})", 0, n) from None
         index = {f.key: i for i, f in enumerate(futures)}
-        out = [None] * len(items)
-        for fut in as_completed(futures):
-            i = index[fut.key]
-            out[i] = fut.result()
-            if on_result:
-                on_result(i, out[i])
-            if progress:
-                progress(1)
+        out = [None] * n
+        pending, finished, stalled = set(futures), 0, None
+        poll = min(1.0, max(self.timeout / 4.0, 0.05))
+        while pending:
+            try:
+                done, _ = wait(list(pending), timeout=poll, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = ()
+            except (CommClosedError, OSError, ValueError, CancelledError) as e:   # the client lost its scheduler
+                raise self._lost(f"lost the scheduler ({type(e).__name__})", finished, n) from None
+            progressed = False
+            for fut in done:
+                i = index[fut.key]
+                try:
+                    out[i] = fut.result(timeout=poll)
+                except TimeoutError:   # its result went with a lost worker: the scheduler computes it again
+                    continue
+                except KilledWorker:
+                    raise self._lost(f"point {i} killed every worker that ran it (KilledWorker)", finished,
+                                     n) from None
+                except (CancelledError, CommClosedError):
+                    raise self._lost("lost the scheduler (the points were cancelled)", finished, n) from None
+                pending.discard(fut)
+                finished += 1
+                progressed = True
+                if on_result:
+                    on_result(i, out[i])
+                if progress:
+                    progress(1)
+            if progressed:
+                stalled = None
+                continue
+            why = self._unhealthy()
+            if why is None:
+                stalled = None
+            elif stalled is None:
+                stalled = (time.monotonic(), why)
+            elif time.monotonic() - stalled[0] >= self.timeout:
+                raise self._lost(f"{why} for {self.timeout:g} s (--dask-timeout)", finished, n)
         return out
 
     def close(self):
-        self.client.close()
+        try:
+            self.client.close(timeout=min(5.0, self.timeout))
+        except Exception:   # a lost scheduler: nothing left to close cleanly
+            pass
+        finally:
+            if not self.failed:   # after a loss the client keeps logging its reconnects: stay quiet
+                self._quiet(False)
 
 
 def _worker_init(parent: int) -> None:
@@ -147,9 +241,16 @@ def _worker_init(parent: int) -> None:
         os._exit(1)
 
 
-def make_backend(dask_scheduler: str | None = None, workers: int | None = None) -> Backend:
+def make_backend(dask_scheduler: str | None = None, workers: int | None = None,
+                 dask_timeout: float | None = None) -> Backend:
+    if dask_timeout is not None and not (0 < dask_timeout < float("inf")):
+        raise ConfigError(f"--dask-timeout must be a finite number of seconds > 0, got {dask_timeout}; "
+                          "e.g. --dask-timeout 60")
     if dask_scheduler:
-        return DaskBackend(dask_scheduler)
+        return DaskBackend(dask_scheduler, 60.0 if dask_timeout is None else dask_timeout)
+    if dask_timeout is not None:
+        raise ConfigError(f"--dask-timeout {dask_timeout:g} does nothing without --dask-scheduler; "
+                          "give the scheduler address or drop --dask-timeout")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     return LocalBackend(workers)
