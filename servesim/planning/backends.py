@@ -99,16 +99,16 @@ class ClusterError(ServesimError):
 class DaskBackend(Backend):
     """dask.distributed.Client(address).map; gathered back in input order.
 
-    ``timeout`` (seconds, or a dask duration string) bounds the connection and how long a sweep waits
-    while the cluster cannot make progress -- the scheduler unreachable, or no worker connected; then
-    `ClusterError` says so in one line, after every point finished so far was handed to
-    ``on_result``. Losing some of the workers is not an error: the scheduler reruns their tasks on
+    ``timeout`` (seconds, or a dask duration string) bounds how long a sweep waits while the cluster
+    cannot make progress -- the scheduler unreachable, or no worker connected -- and the connection
+    (unless ``connect_timeout`` is given); then `ClusterError` says so in one line, after every
+    point finished so far was handed to ``on_result``. Losing some of the workers is not an error: the scheduler reruns their tasks on
     the others. While the backend is open, distributed's own log messages (reconnect attempts,
     CommClosedError tracebacks) are silenced: the error is the one line."""
     name = "dask"
     _QUIET = ("distributed", "tornado", "asyncio")
 
-    def __init__(self, address: str, timeout: float | str = 60.0):
+    def __init__(self, address: str, timeout: float | str = 60.0, connect_timeout: float | str | None = None):
         try:
             from dask.distributed import Client
             from dask.utils import parse_timedelta
@@ -119,7 +119,8 @@ class DaskBackend(Backend):
         self._levels = {}
         self.failed = False
         try:
-            self.client = Client(address, timeout=self.timeout)
+            connect = self.timeout if connect_timeout is None else float(parse_timedelta(connect_timeout, default="s"))
+            self.client = Client(address, timeout=connect)
         except (OSError, TimeoutError, ValueError) as e:
             raise ConfigError(f"--dask-scheduler: cannot connect to {address!r} ({e}); "
                               "give the scheduler address, e.g. tcp://127.0.0.1:8786") from None
@@ -247,7 +248,9 @@ def make_backend(dask_scheduler: str | None = None, workers: int | None = None,
         raise ConfigError(f"--dask-timeout must be a finite number of seconds > 0, got {dask_timeout}; "
                           "e.g. --dask-timeout 60")
     if dask_scheduler:
-        return DaskBackend(dask_scheduler, 60.0 if dask_timeout is None else dask_timeout)
+        if dask_timeout is None:   # 60 s without progress; a wrong address is reported after 10 s
+            return DaskBackend(dask_scheduler, 60.0, connect_timeout=10.0)
+        return DaskBackend(dask_scheduler, dask_timeout)
     if dask_timeout is not None:
         raise ConfigError(f"--dask-timeout {dask_timeout:g} does nothing without --dask-scheduler; "
                           "give the scheduler address or drop --dask-timeout")
