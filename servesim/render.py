@@ -13,8 +13,9 @@ def _load(s: dict, c: dict) -> str:
     if c["offline"]:
         return "offline (all at t=0)" + n
     if c["concurrency"]:
-        offline = (f" (more clients than the {s['num_requests']} requests: in effect offline)"
-                   if c["concurrency"] >= s["num_requests"] else "")
+        k, n_req = c["concurrency"], s["num_requests"]
+        offline = "" if k < n_req else (f" ({'more clients than' if k > n_req else 'as many clients as'} the "
+                                        f"{n_req} requests: in effect offline)")
         return f"closed loop, {c['concurrency']} clients" + offline + n
     if c.get("stages"):
         parts = ", ".join(f"{r:g} req/s x {d:g} s" for r, d in c["stages"])
