@@ -66,6 +66,17 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_named(path: Path, keys: Iterable[str], optional: Iterable[str] = ()) -> tuple["Table", str]:
+    """A data file whose top table has exactly ``keys`` (and ``optional``) and a ``name`` equal to
+    the file stem: (top table, name)."""
+    top = Table(read_toml(path), path)
+    top.expect_keys(keys, optional)
+    name = top.str("name", nonempty=True)
+    if name != Path(path).stem:
+        raise top.error("name", f"must equal the file stem '{Path(path).stem}', got {name!r}")
+    return top, name
+
+
 class Table:
     """One TOML table with its file and dotted prefix, read key by key with type checks."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servesim.config._toml import Table, display_path, read_toml
+from servesim.config._toml import Table, display_path, read_named
 from servesim.errors import ConfigError
 from servesim.paths import engines_dir
 
@@ -218,12 +218,7 @@ def load_engine(name_or_path: str) -> EngineProfile:
 
 @functools.lru_cache(maxsize=None)
 def _load_file(path: Path) -> EngineProfile:
-    top = Table(read_toml(path), path)
-    top.expect_keys(_TOP_KEYS)
-    name = top.str("name", nonempty=True)
-    if name != path.stem:
-        raise top.error("name", f"must equal the file stem '{path.stem}', got {name!r}")
-
+    top, name = read_named(path, _TOP_KEYS)
     s = top.table("scheduler")
     s.expect_keys(_SCHEDULER_KEYS)
     sched = SchedulerDefaults(

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesim.config._toml import Table, display_path, read_toml
+from servesim.config._toml import Table, display_path, read_named, read_toml
 from servesim.errors import ConfigError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -89,11 +89,7 @@ def load_framework(name_or_path: str) -> Framework:
 
 @functools.lru_cache(maxsize=None)
 def _load(path: Path) -> Framework:
-    top = Table(read_toml(path), path)
-    top.expect_keys(_TOP_KEYS)
-    name = top.str("name", nonempty=True)
-    if name != path.stem:
-        raise top.error("name", f"must equal the file stem '{path.stem}', got {name!r}")
+    top, name = read_named(path, _TOP_KEYS)
     att = top.table("attention")
     att.expect_keys(_ATTN_KEYS)
     prec = top.table("precision")
