@@ -140,9 +140,8 @@ def summarize(res: SuiteResult) -> dict:
 
 def parity_figure(results: list[SuiteResult], path) -> None:
     """Predicted vs measured, log-log, one panel per suite, one colour per GPU."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..figures import pyplot, save
+    plt, _ = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.6), squeeze=False)
     for ax, res in zip(axes[0], results):
         r = res.rows.dropna(subset=["predicted"])
@@ -164,9 +163,7 @@ def parity_figure(results: list[SuiteResult], path) -> None:
         ax.set_title(f"{res.name} (dotted: +/-{100 * res.tolerance:.0f}%)")
         ax.legend(fontsize=8)
     fig.text(0.01, 0.01, "source: servesim validate; servesim/calibrate/data (published measurements)", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)
 
 
 def write_outputs(results: list[SuiteResult], outdir) -> None:

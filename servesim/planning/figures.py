@@ -6,14 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    sns.set_theme(style="whitegrid")
-    return plt, sns
+from ..figures import pyplot, save
 
 
 def _label(df: pd.DataFrame, keys) -> pd.Series:
@@ -31,20 +24,13 @@ def _plain_log_x(ax, rates) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _save(fig, path: Path, plt) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
     """slo: parsed targets in seconds, e.g. {'ttft_p99': 1.0}."""
     outdir = Path(outdir)
     ok = df[df.status == "ok"].copy()
     if ok.empty or "ttft_ms_p99" not in ok.columns:
         return []
-    plt, sns = _plt()
+    plt, sns = pyplot()
     ok["config"] = _label(ok, grid_keys)
     paths = []
     metrics = [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")]
@@ -64,7 +50,7 @@ def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
         ax.set(xscale="log", yscale="log", xlabel="arrival rate (req/s)", ylabel=f"{title} (ms)", title=title)
         _plain_log_x(ax, ok.rate)
         ax.legend(fontsize=7)
-    paths.append(_save(fig, outdir / "latency_vs_rate.png", plt))
+    paths.append(save(fig, outdir / "latency_vs_rate.png"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     sns.lineplot(data=ok, x="rate", y="throughput_output_tokens_per_s", hue="config", marker="o", ax=axes[0])
     axes[0].set(xlabel="arrival rate (req/s)", ylabel="output tokens/s", title="throughput")
@@ -76,13 +62,13 @@ def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
     axes[1].plot(ok.rate.sort_values(), ok.rate.sort_values(), color="grey", lw=0.8, label="offered")
     axes[1].set(xlabel="arrival rate (req/s)", ylabel="req/s",
                 title="throughput (solid) and goodput (dashed)" if ycol != "throughput_requests_per_s" else "throughput")
-    paths.append(_save(fig, outdir / "throughput_vs_rate.png", plt))
+    paths.append(save(fig, outdir / "throughput_vs_rate.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     sns.lineplot(data=ok, x="rate", y="cost_usd_per_million_output_tokens", hue="config", marker="o", ax=ax)
     ax.set(xscale="log", yscale="log", xlabel="arrival rate (req/s)", ylabel="$ per million output tokens",
            title="cost per token")
     _plain_log_x(ax, ok.rate)
-    paths.append(_save(fig, outdir / "cost_vs_rate.png", plt))
+    paths.append(save(fig, outdir / "cost_vs_rate.png"))
     return paths
 
 
@@ -90,14 +76,14 @@ def max_rate_figure(df: pd.DataFrame, grid_keys, outdir) -> list[Path]:
     ok = df[df.max_rate.notna()].copy() if "max_rate" in df.columns else df.iloc[:0]
     if ok.empty:
         return []
-    plt, sns = _plt()
+    plt, sns = pyplot()
     ok["config"] = _label(ok, grid_keys)
     fig, axes = plt.subplots(1, 2, figsize=(11, max(3, 0.35 * len(ok) + 1.5)))
     sns.barplot(data=ok, y="config", x="max_rate", ax=axes[0], color="C0")
     axes[0].set(xlabel="max sustainable rate meeting the SLO (req/s)", ylabel="")
     sns.barplot(data=ok, y="config", x="cost_usd_per_million_output_tokens", ax=axes[1], color="C1")
     axes[1].set(xlabel="$ per million output tokens at that rate", ylabel="")
-    return [_save(fig, Path(outdir) / "max_rate.png", plt)]
+    return [save(fig, Path(outdir) / "max_rate.png")]
 
 
 def pareto_figure(df: pd.DataFrame, outdir, latency: str = "ttft_ms_p99") -> list[Path]:
@@ -107,7 +93,7 @@ def pareto_figure(df: pd.DataFrame, outdir, latency: str = "ttft_ms_p99") -> lis
     ok = ok[ok[latency].notna()] if latency in ok.columns else ok.iloc[:0]
     if ok.empty:
         return []
-    plt, sns = _plt()
+    plt, sns = pyplot()
     ok["layout"] = ok.hardware + " " + ok.dtype + " TP" + ok.tp.astype(str) + " PP" + ok.pp.astype(str)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     sns.scatterplot(data=ok, x=latency, y="usd_per_hour", hue="hardware", size="replicas", ax=axes[0])
@@ -120,7 +106,7 @@ def pareto_figure(df: pd.DataFrame, outdir, latency: str = "ttft_ms_p99") -> lis
     front = pareto_front(ok, "usd_per_million_output_tokens", "_neg")
     axes[1].plot(front.output_tokens_per_s_per_gpu, front.usd_per_million_output_tokens, color="black", lw=1)
     axes[1].set(xlabel="output tokens/s per GPU", ylabel="$ per million output tokens")
-    return [_save(fig, Path(outdir) / "pareto.png", plt)]
+    return [save(fig, Path(outdir) / "pareto.png")]
 
 
 def pareto_front(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:

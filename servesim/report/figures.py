@@ -5,29 +5,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..figures import pyplot, save
+
 PARTS = ("gemm", "attention", "elementwise", "communication", "overhead")
-
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    sns.set_theme(style="whitegrid")
-    return plt, sns
-
-
-def _save(fig, path: Path, plt) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def breakdown_figure(df: pd.DataFrame, path) -> Path:
     """Horizontal stacked bars: ms per operator class for each (hardware, batch); share of the time
     inside the bars would hide small parts, so the total is printed at the end of each bar."""
-    plt, sns = _plt()
+    plt, sns = pyplot()
     labels = (df.hardware + " TP" + df.tp.astype(str) + ": " + df.batch).tolist()
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(df) + 1.6))
     left = pd.Series(0.0, index=df.index)
@@ -44,11 +30,11 @@ def breakdown_figure(df: pd.DataFrame, path) -> Path:
     ax.set(xlabel="iteration time (ms), servesim cost model", ylabel="")
     ax.tick_params(axis="y", labelsize=7)
     ax.legend(fontsize=7, ncol=len(PARTS), loc="upper center", bbox_to_anchor=(0.5, -0.14 * 8 / (len(df) + 3)))
-    return _save(fig, Path(path), plt)
+    return save(fig, Path(path))
 
 
 def compare_figure(df: pd.DataFrame, path) -> Path:
-    plt, sns = _plt()
+    plt, sns = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     for ax, col, label in zip(axes, ("train_usd", "serve_usd_per_m_output", "break_even_output_tokens"),
                               ("training $", "serving $ / M output tokens", "break-even output tokens")):
@@ -56,4 +42,4 @@ def compare_figure(df: pd.DataFrame, path) -> Path:
         ax.set(ylabel=label, xlabel="")
         ax.tick_params(axis="x", rotation=20)
     fig.suptitle("training vs serving (servesim training model + serving simulator)", fontsize=9)
-    return _save(fig, Path(path), plt)
+    return save(fig, Path(path))

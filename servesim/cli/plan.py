@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import click
 
-from .cli_options import simulate_options as _simulate_options
-from .errors import ConfigError
+from .options import simulate_options as _simulate_options
+from ..errors import ConfigError
 
 
 def _replace_option(f, name: str, option):
@@ -48,7 +48,7 @@ def parse_prices(values) -> tuple[float | None, dict[str, float]]:
             if not (price >= 0 and price != float("inf")):
                 raise ConfigError(f"--price: must be a finite number >= 0 $/GPU-hour, got {part!r}")
             if sep:
-                from .config import list_hardware
+                from ..config import list_hardware
                 if hw not in list_hardware():
                     raise ConfigError(f"--price: unknown hardware {hw!r}; use one of {', '.join(list_hardware())}")
                 per_hw[hw] = price
@@ -58,7 +58,7 @@ def parse_prices(values) -> tuple[float | None, dict[str, float]]:
 
 
 def _base_config(kw):
-    from .cli_options import sim_config
+    from .options import sim_config
     return sim_config(kw)
 
 
@@ -143,11 +143,11 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
       servesim sweep --rates 2,4,8 --grid tp=1,2 --grid hardware=h100-sxm,h200-sxm --format json
       servesim sweep --find-max-rate --slo ttft_p99=1s,tpot_p99=60ms --grid hardware=h100-sxm,l40s
     """
-    from .checks import check_float, check_int
-    from .metrics import parse_slo
-    from .outputs import output_dir
-    from .planning import backends, figures, grid as G, sweep as S
-    from .planning.checkpoint import Checkpointed, PointStore, POINTS
+    from ..checks import check_float, check_int
+    from ..metrics import parse_slo
+    from ..outputs import output_dir
+    from ..planning import backends, figures, grid as G, sweep as S
+    from ..planning.checkpoint import Checkpointed, PointStore, POINTS
     base = _base_config(kw)
     default_price, per_hw = parse_prices(prices)
     grid_spec = G.parse_grid(grid)
@@ -233,7 +233,7 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
 
 
 def _int_list(text, option):
-    from .checks import INT64_MAX
+    from ..checks import INT64_MAX
     try:
         vals = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
@@ -289,13 +289,13 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
       servesim plan --daily-rates 2,2,4,8,12,8 --slo ttft_p99=1s --price h100-sxm=2.5
     """
     import pandas as pd
-    from .checks import check_choice, check_float, check_int
-    from .config import list_hardware
-    from .outputs import output_dir
-    from .planning import backends, figures
-    from .planning.grid import parse_rates
-    from .planning.plan import PlanSpec, plan as run_plan
-    from .planning.sweep import write_table
+    from ..checks import check_choice, check_float, check_int
+    from ..config import list_hardware
+    from ..outputs import output_dir
+    from ..planning import backends, figures
+    from ..planning.grid import parse_rates
+    from ..planning.plan import PlanSpec, plan as run_plan
+    from ..planning.sweep import write_table
     kw.update(tp=1, pp=1, replicas=1, hardware="h100-sxm", dtype="bf16", max_num_seqs=None,
               max_num_batched_tokens=None)
     base = _base_config(kw)
@@ -350,7 +350,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
     else:
         click.echo(_plan_text(out, top))
     if res.best is None:
-        from .errors import InfeasibleError
+        from ..errors import InfeasibleError
         raise InfeasibleError(res.why_not)
 
 

@@ -23,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 INCOMPLETE = "INCOMPLETE"
 _STAGE_PREFIX = ".servesim-partial-"

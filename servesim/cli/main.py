@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .cli_options import simulate_options as _simulate_options
-from .errors import ServesimError, ServesimWarning
-from .outputs import Terminated, exit_status, signal_handlers, signal_name
+from .. import __version__
+from .options import simulate_options as _simulate_options
+from ..errors import ServesimError, ServesimWarning
+from ..outputs import Terminated, exit_status, signal_handlers, signal_name
 
 INT32_MAX = 2**31 - 1
 
@@ -98,8 +98,8 @@ def profiles():
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def profiles_list(fmt):
     """List shipped hardware profiles and models (TOMLs, then HF config.json files marked "hf")."""
-    from .config import list_hardware, list_models, load_hardware, load_model
-    from .config.model import list_hf_models
+    from ..config import list_hardware, list_models, load_hardware, load_model
+    from ..config.model import list_hf_models
     hw = [load_hardware(n) for n in list_hardware()]
     models = [load_model(n) for n in list_models() + list_hf_models()]
     if fmt == "json":
@@ -141,9 +141,9 @@ def _profile_dict(obj) -> dict:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def profiles_show(name, fmt):
     """Show one hardware profile or model (SI units)."""
-    from .config import list_hardware, list_models, load_hardware, load_model
-    from .config.model import list_hf_models
-    from .errors import ConfigError
+    from ..config import list_hardware, list_models, load_hardware, load_model
+    from ..config.model import list_hf_models
+    from ..errors import ConfigError
     if name in list_hardware() or name.endswith(".toml") and "models" not in name:
         try:
             obj = load_hardware(name)
@@ -200,10 +200,10 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
       servesim cost --decode-seqs 64 --context 2048
       servesim cost --model llama-3.1-70b --tp 4 --prefill-tokens 8192 --prefill-seqs 4
     """
-    from .checks import check_int
-    from .config import load_hardware, load_model
-    from .costmodel import Batch, Layout, build_replica
-    from .errors import ConfigError
+    from ..checks import check_int
+    from ..config import load_hardware, load_model
+    from ..costmodel import Batch, Layout, build_replica
+    from ..errors import ConfigError
     step = 2**20   # one engine step: at most this many tokens or sequences
     check_int(tp, "--tp")
     check_int(pp, "--pp")
@@ -215,7 +215,7 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
     check_int(max_num_seqs, "--max-num-seqs", ge=1, le=step)
     if prefill_tokens == 0 and decode_seqs == 0:
         raise ConfigError("empty batch: give --prefill-tokens N and/or --decode-seqs N")
-    from .config.engine import load_engine
+    from ..config.engine import load_engine
     m, h, eng = load_model(model), load_hardware(hardware), load_engine(engine)
     longest = cached + -(-prefill_tokens // prefill_seqs)
     for what, n in ((f"--context {context:,}", context), (f"--cached {cached:,} + a prefill chunk of "
@@ -269,10 +269,10 @@ def simulate(fmt, outdir, **kw):
       servesim simulate --model llama-3.1-70b --tp 4 --replicas 2 --rate 10 --format json
       servesim simulate --isl 1024 --osl 128 --offline --num-requests 1000 --engine trtllm
     """
-    from .api import simulate as run
-    from .cli_options import sim_config
-    from .outputs import output_dir
-    from .report_io import write_outputs
+    from ..api import simulate as run
+    from .options import sim_config
+    from ..outputs import output_dir
+    from ..outputs.results import write_outputs
     cfg = sim_config(kw)
     with output_dir(outdir, "-o", "servesim simulate") as out:
         res = run(cfg)
@@ -281,22 +281,22 @@ def simulate(fmt, outdir, **kw):
     if fmt == "json":
         click.echo(res.to_json())
     else:
-        from .render import summary_table
+        from ..render import summary_table
         click.echo(summary_table(res.summary))
 
 
-from .cli_plan import plan, sweep  # noqa: E402
+from .plan import plan, sweep  # noqa: E402
 main.add_command(sweep)
 main.add_command(plan)
 
-from .cli_train import compare, train  # noqa: E402
+from .train import compare, train  # noqa: E402
 main.add_command(train)
 main.add_command(compare)
 
-from .cli_report import report  # noqa: E402
+from .report import report  # noqa: E402
 main.add_command(report)
 
-from .cli_calibrate import calibrate, validate  # noqa: E402
+from .calibrate import calibrate, validate  # noqa: E402
 main.add_command(calibrate)
 main.add_command(validate)
 

@@ -82,10 +82,10 @@ def calibrate(profile, operators, training, output, aiconfigurator, serving, eng
           --engine-output my-vllm.toml
       servesim simulate --hardware h100-sxm --engine my-vllm.toml
     """
-    from .calibrate.fit import calibrate as run, default_report_dir, summary, write_outputs
-    from .checks import check_int
-    from .errors import ConfigError
-    from .outputs import check_output_dir, check_output_file
+    from ..calibrate.fit import calibrate as run, default_report_dir, summary, write_outputs
+    from ..checks import check_int
+    from ..errors import ConfigError
+    from ..outputs import check_output_dir, check_output_file
     check_int(tp, "--tp")
     for path, option in ((output, "-o"), (engine_output, "--engine-output")):
         if path is not None:
@@ -153,8 +153,8 @@ def validate(suite, user_csv, quick, check, outdir, fmt):
     """
     import json
 
-    from .calibrate.validate import run_suites, summarize, write_outputs
-    from .outputs import output_dir
+    from ..calibrate.validate import run_suites, summarize, write_outputs
+    from ..outputs import output_dir
     with output_dir(outdir, "-o", "servesim validate") as od:
         results = run_suites(suite, user_csv, quick=quick)
         if od is not None:

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def _int_list(value: str, option: str) -> list[int]:
-    from .checks import INT64_MAX
+    from ..checks import INT64_MAX
     try:
         out = [int(v) for v in str(value).split(",") if v.strip()]
     except ValueError:
@@ -23,7 +22,7 @@ def _int_list(value: str, option: str) -> list[int]:
 
 def _check_train_options(kw: dict) -> None:
     """Every layout option an integer in range before anything loads (0 is never "default")."""
-    from .checks import check_int
+    from ..checks import check_int
     for name in ("tp", "pp", "cp", "ep", "vp", "seq_len", "micro_batch", "global_batch"):
         check_int(kw[name], "--" + name.replace("_", "-"))
     check_int(kw["dp"], "--dp", none_ok=True, hint=" (omit it for GPUs / (tp x pp x cp))")
@@ -177,7 +176,7 @@ def _render_result(d: dict) -> str:
 
 
 def _base_layout(kw, dp=1):
-    from .training import TrainLayout
+    from ..training import TrainLayout
     return TrainLayout(tp=kw["tp"], pp=kw["pp"], dp=dp, cp=kw["cp"], ep=kw["ep"], vp=kw["vp"], sp=kw["sp"],
                        tp_overlap=kw["tp_overlap"], zero=kw["zero"], recompute=kw["recompute"],
                        dtype=kw["dtype"], seq_len=kw["seq_len"], micro_batch=kw["micro_batch"],
@@ -219,9 +218,9 @@ def train(search, top, scaling, fmt, outdir, **kw):
       servesim train --model llama-3.1-405b --gpus 512 --tp 8 --pp 8 --vp 8 --cp 2 --sp --framework nemo --account-for-embedding --account-for-loss --seq-len 8192 --global-batch 256 --recompute auto
       servesim train --model llama-3.1-70b --hardware gb200-nvl72 --gpus 64 --zero 3 --micro-batch 2 --seq-len 8192 --global-batch 128 --dtype fp8 --offload-activations all
     """
-    from .checks import check_int
-    from .config import load_hardware, load_model
-    from .outputs import output_dir
+    from ..checks import check_int
+    from ..config import load_hardware, load_model
+    from ..outputs import output_dir
 
     _check_train_options(kw)
     check_int(top, "--top", hint=" (alternatives shown by --search)")
@@ -232,14 +231,15 @@ def train(search, top, scaling, fmt, outdir, **kw):
 
 
 def _train(model, hw, gpus, kw, search, top, scaling, fmt, out):
-    from .training import derive_dp, train_step
-    from .training.layout import check_model_split
-    from .training.search import results_frame, scaling_table, search_layouts
+    from ..training import derive_dp, train_step
+    from ..training.layout import check_model_split
+    from ..figures import training_scaling_figure
+    from ..training.search import results_frame, scaling_table, search_layouts
     if len(gpus) > 1:
         df = scaling_table(model, hw, gpus, _base_layout(kw), mode=scaling, search=search)
         if out is not None:
             out.write(lambda d: df.to_csv(d / "scaling.csv", index=False))
-            out.write(lambda d: _scaling_figure(df, d / "scaling.png", f"{model.name} on {hw.name}, {scaling} scaling"))
+            out.write(lambda d: training_scaling_figure(df, d / "scaling.png", f"{model.name} on {hw.name}, {scaling} scaling"))
         if fmt == "json":
             click.echo(json.dumps({"scaling": scaling, "rows": df.to_dict(orient="records")}, indent=2))
         else:
@@ -280,23 +280,6 @@ def _result_dict(res) -> dict:
     return d
 
 
-def _scaling_figure(df, path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sns.lineplot(data=df, x="gpus", y="scaling_efficiency", marker="o", ax=ax)
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(0, max(1.05, float(df["scaling_efficiency"].max()) * 1.05))
-    ax.set_xlabel("GPUs")
-    ax.set_ylabel("scaling efficiency (tokens/s/GPU vs first)")
-    ax.set_title(title + "\nsource: servesim training model (servesim.training)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 @click.command()
 @click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path.")
 @click.option("--hardware", default="h100-sxm", show_default=True,
@@ -324,10 +307,11 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
       servesim compare --model llama-3.1-8b --train-tokens 15e12 --gpus 1024
       servesim compare --model llama-3.1-8b --hardware h100-sxm,a100-sxm-80gb,h200-sxm --rate 4 -o cmp/
     """
-    from .checks import check_float, check_int, check_slo
-    from .outputs import output_dir
-    from .training import TrainLayout
-    from .training.compare import compare_costs
+    from ..checks import check_float, check_int, check_slo
+    from ..outputs import output_dir
+    from ..training import TrainLayout
+    from ..figures import training_compare_figure
+    from ..training.compare import compare_costs
     check_float(train_tokens, "--train-tokens", gt=0.0)
     check_int(gpus, "--gpus")
     check_int(seq_len, "--seq-len")
@@ -345,7 +329,7 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
                            slo=slo, num_requests=num_requests)
         if out is not None:
             out.write(lambda d: df.to_csv(d / "compare.csv", index=False))
-            out.write(lambda d: _compare_figure(df, d / "compare.png", f"{model}: {train_tokens:.3g} training tokens"))
+            out.write(lambda d: training_compare_figure(df, d / "compare.png", f"{model}: {train_tokens:.3g} training tokens"))
     if fmt == "json":
         click.echo(json.dumps({"model": model, "train_tokens": train_tokens, "rows": df.to_dict(orient="records")},
                               indent=2))
@@ -360,19 +344,3 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
                    f"  break-even {r['break_even_output_tokens']:.3g} served output tokens")
 
 
-def _compare_figure(df, path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
-    for ax, col, label in zip(axes, ("train_usd", "serve_usd_per_m_output", "break_even_output_tokens"),
-                              ("training $", "serving $ / M output tokens", "break-even output tokens")):
-        sns.barplot(data=df, x="hardware", y=col, ax=ax)
-        ax.set_ylabel(label)
-        ax.set_xlabel("")
-        ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(title + " (source: servesim training model + serving simulator)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -7,9 +7,9 @@ import click
 def sim_config(kw: dict):
     """The simulate options as a checked SimConfig (durations parsed; every field and contradiction
     checked by `checks.check_sim_config` before any work)."""
-    from .api import SimConfig
-    from .checks import check_sim_config
-    from .metrics import parse_duration
+    from ..api import SimConfig
+    from ..checks import check_sim_config
+    from ..metrics import parse_duration
     kw = dict(kw)
     kw["duration"] = parse_duration(kw["duration"], "--duration") if kw["duration"] is not None else None
     kw["warmup"] = parse_duration(kw["warmup"], "--warmup")

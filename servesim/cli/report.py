@@ -35,10 +35,10 @@ def report(model, hardware, workload, rates, rate, slo, dtype, num_requests, see
       servesim report -o report/
       servesim report --model llama-3.1-70b --hardware h100-sxm,h200-sxm --rate 8 -o r70b/
     """
-    from .checks import check_choice, check_float, check_int, check_slo
-    from .outputs import OutputDir
-    from .planning import parse_rates
-    from .report import ReportSpec, build_report
+    from ..checks import check_choice, check_float, check_int, check_slo
+    from ..outputs import OutputDir
+    from ..planning import parse_rates
+    from ..report import ReportSpec, build_report
     check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
     check_slo(slo)
     check_choice(dtype, "--dtype", ("bf16", "fp16", "fp8", "int8", "int4", "fp4"))

@@ -1,0 +1,4 @@
+"""The `servesim` command line: one module per command group (main: simulate, profiles, cost)."""
+from .main import main
+
+__all__ = ["main"]
