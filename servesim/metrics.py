@@ -128,9 +128,13 @@ def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
 def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
               replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
               offered_rate: float | None, stages=None, concurrency: int = 0) -> dict:
-    """The summary of one run. `stages`: ((rate, duration_s), ...) of a load in stages, or None; with
-    it the summary has a `stages` list (requests binned by arrival time) and saturation is judged per
-    stage (see `_queue_growth`). `concurrency`: the clients of a closed loop (0: open loop/offline)."""
+    """The summary of one run. `busy_fraction`: share of time a replica had a micro-batch in flight
+    (any work; near 1 whenever requests overlap, whatever the load); `first_stage_busy_fraction` /
+    `later_stage_busy_fraction`: share of time the first / each later pipeline stage computed (the
+    first includes host time; None without PP). `stages`: ((rate, duration_s), ...) of a load in
+    stages, or None; with it the summary has a `stages` list (requests binned by arrival time) and
+    saturation is judged per stage (see `_queue_growth`). `concurrency`: the clients of a closed
+    loop (0: open loop/offline)."""
     end = float(out.stats[K.STAT_END_TIME])
     measured = df[df.arrival_s >= warmup]
     done = measured[measured.status == "done"]
@@ -153,7 +157,9 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     util = {
         "mean_batch_size": s[K.STAT_SEQS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
         "mean_tokens_per_iteration": s[K.STAT_TOKENS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
-        "busy_fraction": s[K.STAT_BUSY] / (span * replicas),
+        "busy_fraction": s[K.STAT_INFLIGHT_TIME] / (span * replicas),
+        "first_stage_busy_fraction": s[K.STAT_BUSY] / (span * replicas),
+        "later_stage_busy_fraction": s[K.STAT_STAGE_BUSY] / (span * replicas) if s[K.STAT_STAGE_BUSY] > 0 else None,
         "kv_cache_mean": s[K.STAT_KV_TIME] / (span * replicas * num_blocks),
         "kv_cache_max": s[K.STAT_KV_MAX] / num_blocks,
         "mfu": s[K.STAT_FLOPS] / (span * n_gpus * peak_flops),

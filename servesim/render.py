@@ -49,6 +49,14 @@ def _stage_lines(stages: list) -> list[str]:
     return lines
 
 
+def _stages_busy(u: dict) -> str:
+    """Pipeline stages' compute share, first / each later stage (PP only)."""
+    later = u.get("later_stage_busy_fraction")
+    if later is None:
+        return ""
+    return f", stages computing {100 * u['first_stage_busy_fraction']:.0f}% / {100 * later:.0f}%"
+
+
 def _verdict(s: dict) -> str:
     """SATURATED, stable or undetermined (`saturated` alone in summaries written before the verdict)."""
     v = s.get("saturation_verdict") or ("saturated" if s["saturated"] else "stable")
@@ -83,7 +91,8 @@ def summary_table(s: dict) -> str:
         "",
         f"throughput  {t['requests_per_s']:.2f} req/s, {t['input_tokens_per_s']:.0f} input tok/s, "
         f"{t['output_tokens_per_s']:.0f} output tok/s ({t['output_tokens_per_s_per_gpu']:.0f} per GPU)",
-        f"utilisation batch {u['mean_batch_size']:.1f} seqs, busy {100 * u['busy_fraction']:.0f}%, "
+        f"utilisation batch {u['mean_batch_size']:.1f} seqs, busy {100 * u['busy_fraction']:.0f}% (a batch in flight)"
+        + _stages_busy(u) + ", "
         f"KV mean {100 * u['kv_cache_mean']:.0f}% / max {100 * u['kv_cache_max']:.0f}%, "
         f"MFU {100 * u['mfu']:.1f}%, MBU {100 * u['mbu']:.1f}%",
         f"cost        ${cost['usd_per_hour']:.2f}/h, ${_f(cost['usd_per_million_output_tokens'], '{:.3f}')} per M output tokens, "

@@ -22,6 +22,8 @@ def assert_agree(out, ref):
     assert s[K.STAT_ITERATIONS] == ref["iterations"]
     assert s[K.STAT_END_TIME] == ref["end_time"]
     assert s[K.STAT_BUSY] == ref["busy"]
+    assert s[K.STAT_STAGE_BUSY] == ref["stage_busy"]
+    assert s[K.STAT_INFLIGHT_TIME] == ref["inflight_time"]
     assert s[K.STAT_KV_MAX] == ref["kv_max"]
     assert s[K.STAT_SWAP_TIME] == ref["swap_time"]
     assert s[K.STAT_PREEMPTIONS] == ref["total_preemptions"] == out.preemptions.sum()

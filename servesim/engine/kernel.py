@@ -61,7 +61,7 @@ class EngineOutput(NamedTuple):
 
 STAT_ITERATIONS = 0
 STAT_END_TIME = 1
-STAT_BUSY = 2               # sum over replicas of busy (interval) time
+STAT_BUSY = 2               # sum over replicas of first-stage busy (interval) time
 STAT_SEQS_TIME = 3          # sum of batch size x interval
 STAT_KV_TIME = 4            # sum of KV blocks in use x interval
 STAT_KV_MAX = 5             # max KV blocks in use on any replica
@@ -75,7 +75,9 @@ STAT_ELEM = 12
 STAT_COMM = 13
 STAT_OVERHEAD = 14
 STAT_TOKENS_TIME = 15       # sum of tokens x interval
-N_STATS = 16
+STAT_INFLIGHT_TIME = 16     # sum over replicas of time with at least one micro-batch in flight
+STAT_STAGE_BUSY = 17        # sum over replicas of the busy time of each later pipeline stage
+N_STATS = 18
 
 
 @njit(cache=True)
@@ -212,6 +214,8 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
     mb_req = np.full((R, PP, B), -1, np.int64)
     mb_chunk = np.zeros((R, PP, B), np.int64)
     n_inflight = np.zeros(R, np.int64)
+    inflight_since = np.zeros(R)            # start of the current span with work in flight
+    stage_free = np.zeros((R, PP))          # later pipeline stages (1..PP-1) free at
     static_pad_n = np.zeros(R, np.int64)    # finished members still padding a static batch
     static_pad_kv = np.zeros(R, np.int64)
     n_groups = 1
@@ -281,6 +285,8 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
             s = c_s
             mb_end[r, s] = INF
             n_inflight[r] -= 1
+            if n_inflight[r] == 0:
+                stats[STAT_INFLIGHT_TIME] += now - inflight_since[r]
             for j in range(mb_n[r, s]):
                 i = mb_req[r, s, j]
                 c = mb_chunk[r, s, j]
@@ -551,7 +557,22 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
             if mb_end[r, s] == INF:
                 slot = s
                 break
-        mb_end[r, slot] = now + latency
+        if n_inflight[r] == 0:
+            inflight_since[r] = now
+        if PP == 1:
+            mb_end[r, slot] = now + latency
+        else:
+            # a pipeline is first in, first out: each later stage takes the micro-batch when the
+            # previous stage has passed it on and the stage has finished the one before it
+            d = (latency - interval) / (PP - 1)
+            t_out = now + interval
+            for k in range(1, PP):
+                if stage_free[r, k] > t_out:
+                    t_out = stage_free[r, k]
+                t_out += d
+                stage_free[r, k] = t_out
+            mb_end[r, slot] = t_out
+            stats[STAT_STAGE_BUSY] += d
         mb_n[r, slot] = nb
         for j in range(nb):
             mb_req[r, slot, j] = b_req[j]
@@ -599,6 +620,9 @@ def simulate_nb(p, cfg, arrival_in, prompt, output, u1, u2, group, hit):
                 log_wait[log_count] = n_waiting[r]
                 log_count += 1
 
+    for r in range(R):
+        if n_inflight[r] > 0:
+            stats[STAT_INFLIGHT_TIME] += now - inflight_since[r]
     stats[STAT_ITERATIONS] = iters
     stats[STAT_END_TIME] = now
     return (arrival, scheduled, first_token, finish, preempt, replica_of, status, max_gap, gap_hist,

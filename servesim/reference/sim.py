@@ -58,8 +58,14 @@ generated its output tokens is done: it frees its blocks and leaves the running 
 Pricing. A member is a decode when it has generated tokens and exactly one token pending;
 otherwise it is a prefill chunk. Aggregates: prefill tokens, prefill chunks, sampling sequences
 (chunk == pending), causal attention pairs c * (ctx + (c + 1) / 2), prefill KV reads ctx + c,
-decodes and their KV reads ctx + 1. The micro-batch takes `latency` to come out and occupies the
-first pipeline stage for `interval` (both plus the swap time).
+decodes and their KV reads ctx + 1. The micro-batch occupies the first pipeline stage for
+`interval` (plus the swap time) and takes `latency` (plus the swap time) to come out of an idle
+pipeline. With PP > 1 stages the pipeline is first in, first out: each later stage spends
+(latency - interval) / (PP - 1) on it, starting when the stage before has passed it on and the
+stage has finished the micro-batch before it, so a light micro-batch never overtakes a heavy one.
+
+Busy time. `busy` sums the first stage's intervals, `stage_busy` what each later stage spends,
+`inflight_time` the time with at least one micro-batch in flight (the engine has work).
 """
 from __future__ import annotations
 
@@ -148,12 +154,15 @@ class Replica:
     running: list = field(default_factory=list)      # admission order, oldest first
     slots: list = field(default_factory=list)        # one per pipeline stage: MicroBatch or None
     next_free: float = 0.0                           # first stage free to take a micro-batch
+    stage_free: list = field(default_factory=list)   # later stages 1..PP-1 free at (index 0 unused)
+    inflight_since: float = 0.0                      # start of the current span with work in flight
     wake_at: float = INF                             # pending scheduling decision
     pad_seqs: int = 0                                # static: finished members still padding
     pad_kv: int = 0
 
     def __post_init__(self):
         self.slots = [None] * self.stages
+        self.stage_free = [0.0] * self.stages
 
     @property
     def in_flight(self) -> int:
@@ -200,6 +209,8 @@ class ReferenceSimulator:
         self.now = 0.0
         self.iterations = 0
         self.busy = 0.0
+        self.stage_busy = 0.0
+        self.inflight_time = 0.0
         self.kv_max = 0
         self.swap_time = 0.0
         self.total_preemptions = 0
@@ -226,6 +237,9 @@ class ReferenceSimulator:
                 self.schedule(self.replicas[r_sch])
             if self.check:
                 self.check_blocks()
+        for rep in self.replicas:
+            if rep.in_flight > 0:
+                self.inflight_time += self.now - rep.inflight_since
         if self.check and self.ended == n:
             for rep in self.replicas:
                 if rep.kv.free != rep.kv.capacity:
@@ -262,6 +276,8 @@ class ReferenceSimulator:
     def complete(self, rep: Replica, slot: int):
         mb = rep.slots[slot]
         rep.slots[slot] = None
+        if rep.in_flight == 0:
+            self.inflight_time += self.now - rep.inflight_since
         for req, chunk in mb.members:
             req.in_flight = False
             req.computed += chunk
@@ -474,7 +490,17 @@ class ReferenceSimulator:
         latency = comp[5] + step.swap_s
         interval = comp[6] + step.swap_s
         slot = rep.slots.index(None)
-        rep.slots[slot] = MicroBatch(list(step.members), self.now + latency)
+        if rep.in_flight == 0:
+            rep.inflight_since = self.now
+        end = self.now + latency
+        if self.cfg.pp > 1:                 # first in, first out through the later stages
+            d = (latency - interval) / (self.cfg.pp - 1)
+            end = self.now + interval
+            for k in range(1, self.cfg.pp):
+                end = max(end, rep.stage_free[k]) + d
+                rep.stage_free[k] = end
+            self.stage_busy += d
+        rep.slots[slot] = MicroBatch(list(step.members), end)
         for req, _ in step.members:
             req.in_flight = True
         rep.next_free = self.now + interval
@@ -498,6 +524,7 @@ class ReferenceSimulator:
             "status": col("status", np.int64), "max_gap": col("max_gap", np.float64),
             "generated": col("generated", np.int64), "gap_hist": self.gap_hist,
             "iterations": self.iterations, "end_time": self.now, "busy": self.busy,
+            "stage_busy": self.stage_busy, "inflight_time": self.inflight_time,
             "kv_max": self.kv_max, "swap_time": self.swap_time, "total_preemptions": self.total_preemptions,
             "free_blocks": np.array([rep.kv.free for rep in self.replicas], np.int64),
         }
@@ -525,7 +552,7 @@ def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, group=None,
 
     Keys: arrival (send times; closed loop fills them in), scheduled, first_token, finish,
     preemptions, replica, status (engine.codes), max_gap, generated, gap_hist, free_blocks per
-    replica at the end, and scalars iterations, end_time, busy, kv_max, swap_time,
+    replica at the end, and scalars iterations, end_time, busy, stage_busy, inflight_time, kv_max, swap_time,
     total_preemptions. With `check`, KV accounting is verified after every event and raises
     `KVAccountingError` on any inconsistency.
     """
