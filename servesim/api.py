@@ -14,52 +14,13 @@ from .config.engine import load_engine, with_fit_for
 from .engine.budget import check_run_memory
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
-from .metrics import parse_slo, requests_frame, summarize
-from .workload import build_requests, load_workload, parse_stages, with_shared_prefix
+from .metrics import requests_frame, summarize
+from .options import SimConfig, default_rate, plain
+from .options import options as declared
+from .slo import Slo
+from .workload import build_requests, load_workload, with_shared_prefix
 
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Every knob of one simulation. None means: take it from the engine preset or the workload."""
-    model: str = "llama-3.1-8b"
-    hardware: str = "h100-sxm"
-    tp: int = 1
-    pp: int = 1
-    replicas: int = 1
-    router: str = "round-robin"
-    dtype: str = "auto"                          # auto: the checkpoint's weight format
-    kv_dtype: str = "auto"
-    allreduce: str = "auto"
-    engine: str = "vllm"
-    scheduler: str | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    chunk_size: int | None = None
-    block_size: int | None = None
-    gpu_memory_utilization: float | None = None
-    preemption: str | None = None
-    iteration_overhead_us: float | None = None
-    num_gpu_blocks: int | None = None            # KV blocks per replica (None: from the memory model)
-    workload: str = "chat"
-    isl: int | None = None
-    osl: int | None = None
-    num_system_prompts: int | None = None       # shared prefix (None: the workload's [shared_prefix])
-    users_per_system_prompt: int | None = None
-    system_prompt_len: int | None = None
-    question_len: int | None = None
-    rate: float | None = None
-    stages: str | tuple | None = None           # '5x600s,10x600s' or ((req/s, seconds), ...)
-    arrival: str | None = None                  # None: poisson
-    cv: float | None = None                     # None: 1.0 (gamma arrivals only)
-    concurrency: int | None = None              # None: open loop; N >= 1: closed loop with N clients
-    offline: bool = False
-    trace_mode: str = "lengths"
-    num_requests: int | None = None  # None: 2000, every trace row for replay/scale, the stages' arrivals
-    duration: float | None = None
-    warmup: float = 0.0
-    slo: str | None = None
-    seed: int = 0
-    price: float | None = None
+__all__ = ["Result", "SimConfig", "replica_of", "resolve", "simulate"]
 
 
 @dataclass
@@ -97,28 +58,20 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
     from .checks import check_resolved, check_sim_config
     cfg = check_sim_config(cfg)
     d = load_engine(cfg.engine).scheduler
-
-    def pick(value, default):
-        return default if value is None else value
-    scheduler = pick(cfg.scheduler, d.policy)
-    budget = pick(cfg.max_num_batched_tokens, d.max_num_batched_tokens)
+    fills = {}
+    for name, o in declared().items():   # None: the engine profile's value, or a declared constant
+        if getattr(cfg, name) is None and (o.preset or o.fill is not None):
+            fills[name] = getattr(d, o.preset) if o.preset else o.fill
+    filled = replace(cfg, **fills)
     filled = replace(
-        cfg,
-        scheduler=scheduler,
-        max_num_seqs=pick(cfg.max_num_seqs, d.max_num_seqs),
-        max_num_batched_tokens=budget,
-        chunk_size=pick(cfg.chunk_size, 512 if scheduler == "sarathi" else budget),
-        block_size=pick(cfg.block_size, d.block_size),
-        gpu_memory_utilization=pick(cfg.gpu_memory_utilization, d.gpu_memory_utilization),
-        preemption=pick(cfg.preemption, d.preemption),
-        arrival=pick(cfg.arrival, "poisson"),
-        cv=pick(cfg.cv, 1.0),
-        concurrency=pick(cfg.concurrency, 0),       # resolved: 0 = open loop, as the engine reads it
+        filled,
+        chunk_size=cfg.chunk_size if cfg.chunk_size is not None else
+        512 if filled.scheduler == "sarathi" else filled.max_num_batched_tokens,
+        concurrency=cfg.concurrency if cfg.concurrency is not None else 0,   # 0 = open loop, as the engine reads it
     )
     if not 0.0 < filled.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {filled.gpu_memory_utilization} "
                           f"(from engine {cfg.engine})")
-    filled = replace(filled, stages=parse_stages(cfg.stages))
     model = load_model(filled.model)
     if filled.dtype == "auto":
         filled = replace(filled, dtype=model.checkpoint_dtype)
@@ -190,12 +143,8 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
 
     `hardware_profile` / `engine_profile` replace the named profiles with in-memory ones (used by
     calibration)."""
-    from .checks import check_sim_keywords
-    check_sim_keywords(options)
-    if config is not None and not isinstance(config, SimConfig):
-        raise ConfigError(f"simulate(config): expected a servesim.SimConfig, got {type(config).__name__}; "
-                          "or pass the options as keywords, simulate(model=..., rate=...)")
-    cfg = replace(config if config is not None else SimConfig(), **options)
+    from .checks import sim_config
+    cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     rc = replica_of(cfg, model, hw, engine_profile)
     check_run_memory(cfg, workload)     # refuse, before any work, a run the machine cannot hold
@@ -203,7 +152,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     if cfg.stages is not None:  # time-averaged offered rate
         rate = sum(r * d for r, d in cfg.stages) / sum(d for _, d in cfg.stages)
     elif not cfg.offline and cfg.concurrency <= 0:
-        rate = cfg.rate if cfg.rate is not None else workload.default_rate * cfg.replicas
+        rate = cfg.rate if cfg.rate is not None else default_rate(workload)
         if rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {rate}")
     reqs = build_requests(workload, cfg.num_requests, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv,
@@ -215,14 +164,10 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         arrival = "trace"
         if cfg.trace_mode == "replay":
             rate = trace["mean_rate"]
-    opts = EngineOptions(
-        scheduler=cfg.scheduler, router=cfg.router, preemption=cfg.preemption, replicas=cfg.replicas,
-        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-        chunk_size=cfg.chunk_size, block_size=cfg.block_size, watermark=rc.engine.scheduler.watermark,
-        concurrency=cfg.concurrency, duration=cfg.duration if cfg.duration is not None else math.inf,
-        warmup_time=cfg.warmup, num_gpu_blocks=cfg.num_gpu_blocks,
-        frontend=rc.engine.fit_for(rc.hw).frontend_s,
-    )
+    shared = {f.name: getattr(cfg, f.name) for f in fields(EngineOptions) if f.name in declared()}
+    opts = EngineOptions(**shared | dict(
+        watermark=rc.engine.scheduler.watermark, duration=cfg.duration if cfg.duration is not None else math.inf,
+        warmup_time=cfg.warmup, frontend=rc.engine.fit_for(rc.hw).frontend_s))
     ecfg = engine_config(opts, rc)
     _check_blocks(cfg, ecfg, reqs)
     out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
@@ -230,12 +175,12 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
     price = cfg.price if cfg.price is not None else hw.usd_per_hour
     from .costmodel.dtypes import compute_dtype
-    summary = summarize(df, out, warmup=cfg.warmup, slo=parse_slo(cfg.slo), num_gpus_per_replica=rc.num_gpus,
+    summary = summarize(df, out, warmup=cfg.warmup, slo=cfg.slo or Slo(), num_gpus_per_replica=rc.num_gpus,
                         replicas=cfg.replicas, usd_per_gpu_hour=price,
                         peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
                         num_blocks=ecfg.num_blocks, offered_rate=rate, stages=cfg.stages,
                         concurrency=cfg.concurrency)
-    config = {k: getattr(cfg, k) for k in (f.name for f in fields(cfg))}
+    config = plain(cfg)
     config.update({"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
                    "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
                    "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,

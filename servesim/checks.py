@@ -1,14 +1,15 @@
 """Validating options once, up front, before any work.
 
-One rule per `SimConfig` field (type, range, finiteness; `None` means "not given": the engine preset,
-the workload or a documented default fills it in `api.resolve`), one function for the contradictions
+One rule per `SimConfig` field, read from its declaration in `servesim.options` (type, range,
+finiteness; `None` means "not given": the engine preset, the workload or a documented default fills
+it in `api.resolve`), one function for the contradictions
 between fields (`check_sim_config`), and one for what needs the model loaded (`check_resolved`:
 fixed lengths against the model's context, options the resolved scheduler ignores). Every failure is
 a `ConfigError` naming the option, the bad value and what would work; an option that does nothing in
 a combination is a `ServesimWarning` (the CLI prints it as one line).
 
 The other commands (cost, train, compare, report, plan, sweep, calibrate) check their own options
-with `check_int` / `check_float` / `check_slo` before they load or run anything.
+with `check_int` / `check_float` / `slo.parse_slo` before they load or run anything.
 """
 from __future__ import annotations
 
@@ -16,18 +17,14 @@ import difflib
 import math
 import os
 import warnings
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 
 import numpy as np
 
 from .errors import ConfigError, ServesimWarning
+from .options import flag
 
 INT64_MAX = 2**63 - 1
-
-
-def flag(name: str) -> str:
-    """SimConfig field -> CLI option: max_num_seqs -> --max-num-seqs."""
-    return "--" + name.replace("_", "-")
 
 
 def _show(value) -> str:
@@ -109,98 +106,25 @@ def check_name(value, option: str, *, none_ok: bool = False, what: str = "a name
     return value
 
 
-def check_slo(text, option: str = "--slo") -> dict[str, float]:
-    """Parse an SLO string at the edge: every target a known metric with a duration > 0."""
-    from .metrics import parse_slo
-    if text is None:
-        return {}
-    if not isinstance(text, str):
-        raise ConfigError(f"{option} must be a string such as 'ttft_p99=500ms,tpot_p99=50ms', got {text!r}")
-    if not text.strip():
-        raise ConfigError(f"{option} is empty; write e.g. {option} ttft_p99=500ms,tpot_p99=50ms, or omit it")
-    slo = parse_slo(text)
-    for key, seconds in slo.items():
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ConfigError(f"{option}: target {key} must be a duration > 0, got {seconds:g} s; "
-                              "write e.g. ttft_p99=500ms")
-    return slo
-
-
 # ------------------------------------------------------------------------------------------------
-# SimConfig: one rule per field
+# SimConfig: one rule per field, read from its declaration (`servesim.options`)
 
 
-@dataclass(frozen=True)
-class Rule:
-    kind: str                      # int | float | choice | name | bool | slo | stages
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    choices: tuple = ()
-    none_ok: bool = False          # None = not given: filled from the preset / workload / default
-
-
-_POLICIES = ("vllm", "vllm-v0", "sarathi", "orca", "static")
-_ROUTERS = ("round-robin", "random", "least-requests", "least-kv", "power-of-two")
-_DTYPES = ("auto", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
-_KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "int8")
-_ARRIVALS = ("poisson", "gamma", "deterministic", "bursty", "daily")
-_TRACE_MODES = ("lengths", "replay", "scale")
-
-SIM_RULES: dict[str, Rule] = {
-    "model": Rule("name"), "hardware": Rule("name"),
-    "tp": Rule("int", ge=1), "pp": Rule("int", ge=1), "replicas": Rule("int", ge=1),
-    "router": Rule("choice", choices=_ROUTERS),
-    "dtype": Rule("choice", choices=_DTYPES), "kv_dtype": Rule("choice", choices=_KV_DTYPES),
-    "allreduce": Rule("choice", choices=("auto", "ring", "tree")),
-    "engine": Rule("name"),
-    "scheduler": Rule("choice", choices=_POLICIES, none_ok=True),
-    "max_num_seqs": Rule("int", ge=1, none_ok=True),
-    "max_num_batched_tokens": Rule("int", ge=1, none_ok=True),
-    "chunk_size": Rule("int", ge=1, none_ok=True),
-    "block_size": Rule("int", ge=1, none_ok=True),
-    "gpu_memory_utilization": Rule("float", gt=0.0, le=1.0, none_ok=True),
-    "preemption": Rule("choice", choices=("recompute", "swap"), none_ok=True),
-    "iteration_overhead_us": Rule("float", ge=0.0, none_ok=True),
-    "num_gpu_blocks": Rule("int", ge=1, none_ok=True),
-    "workload": Rule("name"),
-    "isl": Rule("int", ge=1, none_ok=True), "osl": Rule("int", ge=1, none_ok=True),
-    "num_system_prompts": Rule("int", ge=1, none_ok=True),
-    "users_per_system_prompt": Rule("int", ge=1, none_ok=True),
-    "system_prompt_len": Rule("int", ge=1, none_ok=True),
-    "question_len": Rule("int", ge=1, none_ok=True),
-    "rate": Rule("float", gt=0.0, none_ok=True),
-    "stages": Rule("stages", none_ok=True),
-    "arrival": Rule("choice", choices=_ARRIVALS, none_ok=True),
-    "cv": Rule("float", gt=0.0, none_ok=True),
-    "concurrency": Rule("int", ge=1, none_ok=True),
-    "offline": Rule("bool"),
-    "trace_mode": Rule("choice", choices=_TRACE_MODES),
-    "num_requests": Rule("int", ge=1, none_ok=True),
-    "duration": Rule("float", gt=0.0, none_ok=True),
-    "warmup": Rule("float", ge=0.0),
-    "slo": Rule("slo", none_ok=True),
-    "seed": Rule("int", ge=0),
-    "price": Rule("float", ge=0.0, none_ok=True),
-}
-
-# what None means, for the messages of options that accept "not given"
-_HINTS = {
-    "rate": "; for every request at t = 0 use --offline",
-    "concurrency": " (omit it for an open loop)",
-    "duration": " (omit it to run until every request ends)",
-}
-
-
-def _check_field(name: str, value, rule: Rule):
-    option = flag(name)
-    hint = _HINTS.get(name, "")
+def check_field(name: str, value, option: str | None = None):
+    """One SimConfig field by its declared rule (None passes where the default is None: not given).
+    Returns the value normalised: numpy scalars and paths to plain values, the SLO and the stages
+    parsed (`slo.parse_slo`, `workload.parse_stages`)."""
+    from .options import defaults, options
+    rule = options()[name]
+    option = option or flag(name)
+    if value is None and defaults()[name] is None:
+        return None
     if rule.kind == "int":
-        return check_int(value, option, ge=rule.ge, none_ok=rule.none_ok, hint=hint)
-    if rule.kind == "float":
-        return check_float(value, option, gt=rule.gt, ge=rule.ge, le=rule.le, none_ok=rule.none_ok, hint=hint)
+        return check_int(value, option, ge=rule.ge, hint=rule.hint)
+    if rule.kind in ("float", "duration"):
+        return check_float(value, option, gt=rule.gt, ge=rule.ge, le=rule.le, hint=rule.hint)
     if rule.kind == "choice":
-        return check_choice(value, option, rule.choices, none_ok=rule.none_ok)
+        return check_choice(value, option, rule.choice_list())
     if rule.kind == "name":
         return check_name(value, option)
     if rule.kind == "bool":
@@ -208,18 +132,30 @@ def _check_field(name: str, value, rule: Rule):
             raise ConfigError(f"{option} must be True or False, got {value!r}")
         return bool(value)
     if rule.kind == "slo":
-        check_slo(value, option)
-        return value
+        from .slo import parse_slo
+        return parse_slo(value, option)
     if rule.kind == "stages":
         from .workload import parse_stages
-        parse_stages(value)
-        return value
+        return parse_stages(value, option)
     raise AssertionError(rule.kind)
+
+
+def check_known_name(name: str, value: str, option: str | None = None) -> str:
+    """A shipped name of SimConfig field `name` (hardware, engine, model, workload), or a file path."""
+    from .options import options
+    known = options()[name].names()
+    path = "/" in value or "\\" in value or os.path.splitext(value)[1] in (".toml", ".json", ".csv")
+    if value not in known and not path:
+        close = difflib.get_close_matches(value, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{option or flag(name)}: unknown {name} {value!r}; {hint}use one of {', '.join(known)} "
+                          "or a file path")
+    return value
 
 
 def check_sim_keywords(options: dict) -> None:
     """Unknown keyword arguments of `servesim.simulate(**kw)`, with the closest field name."""
-    from .api import SimConfig
+    from .options import SimConfig
     known = [f.name for f in fields(SimConfig)]
     for key in options:
         if key not in known:
@@ -229,16 +165,27 @@ def check_sim_keywords(options: dict) -> None:
                               + ", ".join(known))
 
 
+def sim_config(config=None, where: str = "simulate", **options):
+    """The API edge: a SimConfig (or None: the defaults) with keyword options replacing its fields,
+    every keyword a known field, every field checked (`check_sim_config`)."""
+    from .options import SimConfig
+    check_sim_keywords(options)
+    if config is not None and not isinstance(config, SimConfig):
+        raise ConfigError(f"{where}(config): expected a servesim.SimConfig, got {type(config).__name__}; "
+                          f"or pass the options as keywords, {where}(model=..., rate=...)")
+    return check_sim_config(replace(config if config is not None else SimConfig(), **options))
+
+
 def check_sim_config(cfg):
     """Every field's type and range, then the contradictions between fields. Returns the config with
-    numpy scalars and paths normalised to plain values."""
-    from .api import SimConfig
+    values normalised (`check_field`); checking a checked config again returns it unchanged."""
+    from .options import SimConfig
     if not isinstance(cfg, SimConfig):
         raise ConfigError(f"config must be a servesim.SimConfig, got {type(cfg).__name__}")
     changes = {}
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        checked = _check_field(f.name, value, SIM_RULES[f.name])
+        checked = check_field(f.name, value)
         if checked is not value:
             changes[f.name] = checked
     cfg = replace(cfg, **changes) if changes else cfg

@@ -14,32 +14,14 @@ from .errors import ConfigError
 from .workload.arrivals import DURATION_UNITS
 
 PCTS = (50, 90, 95, 99)
-SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
-_SLO_RE = re.compile(r"^(ttft|tpot|itl|e2e|queue)_(mean|p50|p90|p95|p99)$")
 _UNITS = DURATION_UNITS  # us, ms, s, min (or m), h
 
 
-def parse_duration(text: str, option: str = "--slo") -> float:
+def parse_duration(text: str, option: str) -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(" + "|".join(_UNITS) + r")?\s*", text)
     if not m:
         raise ConfigError(f"{option}: cannot read a duration from {text!r}; write e.g. 500ms, 0.5s, 200us or 10min")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
-
-
-def parse_slo(text: str | None) -> dict[str, float]:
-    """'ttft_p99=500ms,tpot_p99=50ms' -> {'ttft_p99': 0.5, 'tpot_p99': 0.05} (seconds)."""
-    if not text:
-        return {}
-    out = {}
-    for part in text.split(","):
-        if "=" not in part:
-            raise ConfigError(f"--slo: {part!r} is not KEY=DURATION; write e.g. ttft_p99=500ms,tpot_p99=50ms")
-        key, value = (s.strip() for s in part.split("=", 1))
-        if not _SLO_RE.match(key):
-            raise ConfigError(f"--slo: unknown target {key!r}; use <metric>_<stat> with metric in "
-                              f"{', '.join(SLO_METRICS)} and stat in mean, p50, p90, p95, p99")
-        out[key] = parse_duration(value, "--slo")
-    return out
 
 
 def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0) -> pd.DataFrame:
@@ -366,7 +348,7 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
     return out
 
 
-def evaluate_slo(slo: dict, metrics: dict, done: pd.DataFrame, window: float):
+def evaluate_slo(slo, metrics: dict, done: pd.DataFrame, window: float):
     """Aggregate targets (e.g. ttft_p99 <= 500 ms) and per-request attainment / goodput:
     a request counts toward goodput when each of its own latencies meets every target
     (DistServe, Zhong et al. OSDI 2024, sec. 2)."""

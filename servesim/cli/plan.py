@@ -144,14 +144,13 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
       servesim sweep --find-max-rate --slo ttft_p99=1s,tpot_p99=60ms --grid hardware=h100-sxm,l40s
     """
     from ..checks import check_float, check_int
-    from ..metrics import parse_slo
     from ..outputs import output_dir
     from ..planning import backends, figures, grid as G, sweep as S
     from ..planning.checkpoint import Checkpointed, PointStore, POINTS
     base = _base_config(kw)
     default_price, per_hw = parse_prices(prices)
     grid_spec = G.parse_grid(grid)
-    slo = parse_slo(base.slo)
+    slo = base.slo
     check_float(tolerance, "--tolerance", gt=0.0, lt=1.0)
     check_float(margin, "--margin", ge=0.0, lt=1.0)
     check_int(workers, "--workers", none_ok=True)
@@ -232,15 +231,11 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
         raise ConfigError(f"point {point}: {msg}{where}")
 
 
-def _int_list(text, option):
-    from ..checks import INT64_MAX
-    try:
-        vals = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{option}: {text!r} is not a comma list of integers, e.g. 1,2,4") from None
-    if not vals or min(vals) < 1 or max(vals) > INT64_MAX:
-        raise ConfigError(f"{option}: need integers from 1 to {INT64_MAX:,}, got {text!r}")
-    return tuple(vals)
+def _candidates(key: str, text) -> tuple:
+    """A comma list of candidate values of SimConfig field `key`, each checked by its declared rule."""
+    from ..options import flag
+    from ..planning.grid import parse_values
+    return tuple(parse_values(key, text, flag(key)))
 
 
 def _plan_options(f):
@@ -289,8 +284,8 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
       servesim plan --daily-rates 2,2,4,8,12,8 --slo ttft_p99=1s --price h100-sxm=2.5
     """
     import pandas as pd
-    from ..checks import check_choice, check_float, check_int
-    from ..config import list_hardware
+    from ..checks import check_choice, check_float, check_int, check_known_name
+    from ..costmodel.dtypes import WEIGHT_DTYPES
     from ..outputs import output_dir
     from ..planning import backends, figures
     from ..planning.grid import parse_rates
@@ -309,18 +304,16 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
     hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware is not None else ()
     if hardware is not None and not hw:
         raise ConfigError("--hardware is empty; give a comma list such as h100-sxm,a100-sxm-80gb, or omit it")
-    known = list_hardware()
     for h in hw:
-        if h not in known:
-            raise ConfigError(f"--hardware: unknown hardware {h!r}; use one of {', '.join(known)}")
-    dtypes = tuple(check_choice(d.strip(), "--dtype", ("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
-                   for d in dtype.split(",") if d.strip())
+        check_known_name("hardware", h, "--hardware")
+    dtypes = tuple(check_choice(d.strip(), "--dtype", WEIGHT_DTYPES) for d in dtype.split(",") if d.strip())
     if not dtypes:
         raise ConfigError("--dtype is empty; give a comma list such as bf16,fp8")
-    spec = PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_int_list(tp, "--tp"), pps=_int_list(pp, "--pp"),
-                    max_num_seqs=_int_list(max_num_seqs, "--max-num-seqs") if max_num_seqs is not None else (None,),
-                    max_num_batched_tokens=(_int_list(max_num_batched_tokens, "--max-num-batched-tokens")
-                                            if max_num_batched_tokens is not None else (None,)),
+    seqs, tokens = max_num_seqs, max_num_batched_tokens
+    spec = PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_candidates("tp", tp), pps=_candidates("pp", pp),
+                    max_num_seqs=_candidates("max_num_seqs", seqs) if seqs is not None else (None,),
+                    max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
+                                            else (None,)),
                     max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
                     prices=per_hw, default_price=default_price, exhaustive=exhaustive,
                     daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else ())

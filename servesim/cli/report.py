@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from .options import SLO
+
 
 @click.command()
 @click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path.")
@@ -15,7 +17,7 @@ import click
 @click.option("--rate", default=None, type=float,
               help="Target load for the plan, the iteration breakdown and the cost comparison "
                    "[default: the workload's default rate].")
-@click.option("--slo", default="ttft_p99=1s,tpot_p99=60ms", show_default=True, help="Latency targets.")
+@click.option("--slo", default="ttft_p99=1s,tpot_p99=60ms", show_default=True, type=SLO, help="Latency targets.")
 @click.option("--dtype", default="bf16", show_default=True, help="Serving weight dtype.")
 @click.option("--num-requests", default=1000, show_default=True, type=int, help="Requests per simulation.")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -35,13 +37,13 @@ def report(model, hardware, workload, rates, rate, slo, dtype, num_requests, see
       servesim report -o report/
       servesim report --model llama-3.1-70b --hardware h100-sxm,h200-sxm --rate 8 -o r70b/
     """
-    from ..checks import check_choice, check_float, check_int, check_slo
+    from ..checks import check_choice, check_float, check_int
+    from ..costmodel.dtypes import WEIGHT_DTYPES
     from ..outputs import OutputDir
     from ..planning import parse_rates
     from ..report import ReportSpec, build_report
     check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
-    check_slo(slo)
-    check_choice(dtype, "--dtype", ("bf16", "fp16", "fp8", "int8", "int4", "fp4"))
+    check_choice(dtype, "--dtype", WEIGHT_DTYPES)
     check_int(num_requests, "--num-requests")
     check_int(seed, "--seed", ge=0)
     check_float(train_tokens, "--train-tokens", gt=0.0)

@@ -6,6 +6,7 @@ import json
 import click
 
 from ..errors import ConfigError
+from .options import SLO
 
 
 def _int_list(value: str, option: str) -> list[int]:
@@ -293,7 +294,7 @@ def _result_dict(res) -> dict:
 @click.option("--serve-tp", default=None, type=int, help="Serving TP [default: smallest that fits].")
 @click.option("--workload", default="chat", show_default=True, help="Serving workload.")
 @click.option("--rate", default=None, type=float, help="Serving request rate (req/s).")
-@click.option("--slo", default="ttft_p99=1s,tpot_p99=60ms", show_default=True, help="Serving SLO.")
+@click.option("--slo", default="ttft_p99=1s,tpot_p99=60ms", show_default=True, type=SLO, help="Serving SLO.")
 @click.option("--num-requests", default=500, show_default=True, type=int)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
@@ -307,7 +308,7 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
       servesim compare --model llama-3.1-8b --train-tokens 15e12 --gpus 1024
       servesim compare --model llama-3.1-8b --hardware h100-sxm,a100-sxm-80gb,h200-sxm --rate 4 -o cmp/
     """
-    from ..checks import check_float, check_int, check_slo
+    from ..checks import check_float, check_int
     from ..outputs import output_dir
     from ..training import TrainLayout
     from ..figures import training_compare_figure
@@ -319,7 +320,6 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
     check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it for the smallest TP that fits)")
     check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
     check_int(num_requests, "--num-requests")
-    check_slo(slo)
     hws = [h.strip() for h in hardware.split(",") if h.strip()]
     if not hws:
         raise ConfigError("--hardware is empty; give a profile or a comma list such as h100-sxm,h200-sxm")

@@ -38,14 +38,18 @@ from numba import njit
 
 from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
 from .kernels import (decode_attention_time_nb, engine_allreduce_eager_time_nb, engine_allreduce_time_nb,
-                      gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb)
+                      gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb,
+                      weight_only_gemm_time_nb)
 from .params import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 from .roofline import roofline_time_nb
 
 
 @njit(cache=True)
 def _gemm_nb(p, m, k, n):
-    """One GEMM at the weight dtype."""
+    """One GEMM at the weight dtype (weight-only: dequantising at the 16-bit peak)."""
+    if p.g_wo > 0.0:
+        return weight_only_gemm_time_nb(m, k, n, p.w_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
+                                        p.g_splitk, p.g_tile_k, p.g_mem_latency)
     return gemm_time_nb(m, k, n, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
                         p.g_splitk, p.g_tile_k, p.g_mem_latency)
 

@@ -49,6 +49,12 @@ GEMM_TILE_M = 128.0
 MOE_TILE_M_SMALL = 16.0
 # Split-K never makes a K slice shorter than this (a few pipeline stages of 64-wide K steps).
 SPLITK_MIN_K = 256.0
+# Weight-only (int4 weight, 16-bit activation) GEMMs run a 16-row tile up to 16 tokens: Marlin's
+# m-block is one 16-row mma tile (Frantar et al. 2024; IST-DASLab/marlin thread_m_blocks), TensorRT-LLM
+# runs its weight-only batched GEMV; AIConfigurator's A100 int4 rows step up between m = 16 and 32
+# (experiments/results/weight_only_validation.md).
+WO_TILE_M = 16.0
+WO_SMALL_M = 16.0
 # FlashAttention query and key block for head_dim 128 (FlashAttention-2/3: kBlockM = 128).
 ATTN_BLOCK = 128.0
 
@@ -133,6 +139,33 @@ def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hb
                                          tile_overhead_k), t_mem) + splitk_latency
             best = min(best, t)
     return latency + best
+
+
+@njit(cache=True)
+def weight_only_gemm_time_nb(m, k, n, w_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
+                             splitk_latency, tile_overhead_k, mem_latency):
+    """A weight-only quantised GEMM (int4 weights, 16-bit activations: AWQ/GPTQ Marlin in vLLM,
+    TensorRT-LLM's fpA_intB), in seconds. The kernel streams the packed weights (``w_bytes`` per
+    element, with their scales), dequantises them in registers and multiplies at the 16-bit
+    tensor-core ``peak`` (Frantar et al., "MARLIN", 2024). Up to ``WO_SMALL_M`` tokens it runs one
+    16-row tile per output column block (Marlin's 16-row m-block; TensorRT-LLM's batched GEMV), so a
+    decode step is bound by the weight bytes, not by a 64-row tile of padded tensor-core work; above,
+    the dense GEMM's tiles (``gemm_time_nb``). The dequantisation shows as a longer fixed time
+    (``latency``, fitted: experiments/fit_weight_only.py); on AIConfigurator's A100 TensorRT-LLM int4
+    rows the compute and bandwidth fractions are the bf16 GEMM's within 3%."""
+    if m <= 0.0 or n <= 0.0 or k <= 0.0:
+        return 0.0
+    if m > WO_SMALL_M:
+        return gemm_time_nb(m, k, n, w_bytes, 2.0, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
+                            splitk_latency, tile_overhead_k, mem_latency)
+    t_mem = mem_latency + gemm_bytes_nb(m, k, n, w_bytes, 2.0) / (hbm_bw * hbm_fraction)
+    t = max(gemm_compute_time_nb(m, k, n, WO_TILE_M, GEMM_TILE_N, 1.0, sm_count, peak, gemm_max, tile_overhead_k),
+            t_mem)
+    splits = gemm_splits_nb(m, k, n, WO_TILE_M, GEMM_TILE_N, sm_count)
+    if splits > 1.0:
+        t = min(t, max(gemm_compute_time_nb(m, k, n, WO_TILE_M, GEMM_TILE_N, splits, sm_count, peak, gemm_max,
+                                            tile_overhead_k), t_mem) + splitk_latency)
+    return latency + t
 
 
 @njit(cache=True)
@@ -309,4 +342,5 @@ __all__ = ["ATTN_BLOCK", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPL
            "decode_attention_time_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
            "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
            "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb",
-           "prefill_attention_bytes_nb", "prefill_attention_compute_nb", "prefill_attention_time_nb"]
+           "prefill_attention_bytes_nb", "prefill_attention_compute_nb", "prefill_attention_time_nb",
+           "WO_SMALL_M", "WO_TILE_M", "weight_only_gemm_time_nb"]

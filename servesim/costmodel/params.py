@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from . import collectives, elementwise
-from .dtypes import BYTES, activation_bytes, check_dtype, compute_dtype, kv_dtype_resolved
+from .dtypes import (BYTES, WEIGHT_ONLY_EXTRA_LATENCY_US, activation_bytes, check_dtype, compute_dtype,
+                     kv_dtype_resolved, weight_only)
 from .memory import GiB, kv_bytes_per_token_layer, kv_heads_per_gpu, weight_bytes_per_gpu, weight_bytes_per_param
 
 
@@ -37,6 +38,7 @@ class CostParams(NamedTuple):
     sms: float                   # streaming multiprocessors (wave quantisation)
     g_max: float                 # the engine's GEMMs (kernels.gemm_time_nb) at the weight dtype
     g_latency: float
+    g_wo: float                  # 1: weight-only GEMMs (kernels.weight_only_gemm_time_nb)
     g16_max: float               # ... and in 16 bits (LM head, router)
     g16_latency: float
     g_hbm: float
@@ -243,7 +245,9 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         tp=float(tp), pp=float(pp),
         peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"], hbm_bw=hw.hbm_bw, sms=float(hw.sm_count),
         g_max=fit.gemm_fp8_max if w8a8 else fit.gemm_max,
-        g_latency=keep * (fit.gemm_fp8_latency_s if w8a8 else fit.gemm_latency_s),
+        g_latency=keep * (fit.gemm_fp8_latency_s if w8a8 else fit.gemm_latency_s
+                          + (WEIGHT_ONLY_EXTRA_LATENCY_US * 1e-6 if weight_only(layout.dtype) else 0.0)),
+        g_wo=float(weight_only(layout.dtype)),
         g16_max=fit.gemm_max, g16_latency=keep * fit.gemm_latency_s, g_hbm=fit.gemm_hbm_fraction,
         g_splitk=keep * fit.gemm_splitk_latency_s, g_tile_k=fit.gemm_tile_overhead_k,
         g_mem_latency=keep * fit.gemm_mem_latency_s,

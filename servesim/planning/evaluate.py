@@ -5,8 +5,6 @@ values and turn user errors into error records instead of raising.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from ..errors import ConfigError, InfeasibleError
 
 # columns that lead every row, in this order
@@ -80,4 +78,5 @@ def point_row(arg) -> dict:
     status, out = simulate_summary(cfg)
     if status == "ok":
         return {"point": index, "status": "ok", "error": "", **summary_row(out)}
-    return {"point": index, "status": status, "error": out, **asdict(cfg)}
+    from ..options import plain
+    return {"point": index, "status": status, "error": out, **plain(cfg)}

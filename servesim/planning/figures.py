@@ -24,8 +24,8 @@ def _plain_log_x(ax, rates) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
-    """slo: parsed targets in seconds, e.g. {'ttft_p99': 1.0}."""
+def sweep_figures(df: pd.DataFrame, grid_keys, slo, outdir) -> list[Path]:
+    """slo: a `servesim.slo.Slo` (targets in seconds) drawn as lines, or None."""
     outdir = Path(outdir)
     ok = df[df.status == "ok"].copy()
     if ok.empty or "ttft_ms_p99" not in ok.columns:
@@ -40,7 +40,7 @@ def sweep_figures(df: pd.DataFrame, grid_keys, slo: dict, outdir) -> list[Path]:
                        var_name="percentile", value_name="ms")
         long["percentile"] = long.percentile.str.rsplit("_", n=1).str[-1]
         sns.lineplot(data=long, x="rate", y="ms", hue="config", style="percentile", marker="o", ax=ax)
-        for key, target in slo.items():
+        for key, target in (slo.items() if slo else ()):
             if key.startswith(m + "_"):
                 ax.axhline(target * 1e3, color="red", ls="--", lw=1, label=f"SLO {key}")
         if "knee" in ok.columns:

@@ -3,23 +3,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from ..engine.budget import MAX_SWEEP_POINTS, check_points
 from ..errors import ConfigError
-
-# grid keys that name a list of choices, checked before anything runs
-_CHOICES = {
-    "router": ("round-robin", "random", "least-requests", "least-kv", "power-of-two"),
-    "engine": ("vllm", "trtllm", "sglang"),
-    "scheduler": ("vllm", "vllm-v0", "sarathi", "orca", "static"),
-    "preemption": ("recompute", "swap"),
-    "arrival": ("poisson", "gamma", "deterministic", "bursty", "daily"),
-    "dtype": ("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
-    "kv_dtype": ("auto", "bf16", "fp16", "fp8", "int8"),
-}
-_NOT_GRIDDABLE = {"rate", "slo", "offline"}
-
 
 def _float(text: str, option: str) -> float:
     try:
@@ -68,35 +55,46 @@ def parse_rates(text: str, option: str = "--rates") -> list[float]:
     return rates
 
 
-def _field_types() -> dict[str, str]:
-    from ..api import SimConfig
-    return {f.name: str(f.type) for f in fields(SimConfig)}
-
-
-def _coerce(key: str, text: str, ftype: str):
-    if "int" in ftype and "float" not in ftype:
-        try:
+def _coerce(key: str, text: str, option: str):
+    """Text -> the field's type (int, float, bool, a duration in seconds); other kinds stay text for
+    `checks.check_field`."""
+    from ..options import options
+    kind = options()[key].kind
+    if kind == "duration":
+        from ..metrics import parse_duration
+        return parse_duration(text, option)
+    try:
+        if kind == "int":
             return int(text)
-        except ValueError:
-            raise ConfigError(f"--grid {key}: {text!r} is not an integer") from None
-    if "float" in ftype:
-        try:
+        if kind == "float":
             return float(text)
-        except ValueError:
-            raise ConfigError(f"--grid {key}: {text!r} is not a number") from None
-    if "bool" in ftype:
+    except ValueError:
+        raise ConfigError(f"{option}: {text!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind == "bool":
         if text.lower() in ("1", "true", "yes"):
             return True
         if text.lower() in ("0", "false", "no"):
             return False
-        raise ConfigError(f"--grid {key}: {text!r} is not true/false")
+        raise ConfigError(f"{option}: {text!r} is not true/false")
     return text
 
 
+def parse_values(key: str, text: str, option: str) -> list:
+    """'1,2,4' -> [1, 2, 4] for SimConfig field `key`: each value coerced and checked by the field's
+    declared rule (`checks.check_field`), errors naming `option`."""
+    from ..checks import check_field
+    values = [check_field(key, _coerce(key, v.strip(), option), option) for v in str(text).split(",") if v.strip()]
+    if not values:
+        raise ConfigError(f"{option}: no values; write e.g. {option} a,b")
+    return values
+
+
 def parse_grid(items) -> list[tuple[str, list]]:
-    """('tp=1,2', 'hardware=h100-sxm,h200-sxm') -> [('tp', [1, 2]), ('hardware', [...])], validated."""
-    from ..config import list_hardware
-    types = _field_types()
+    """('tp=1,2', 'hardware=h100-sxm,h200-sxm') -> [('tp', [1, 2]), ('hardware', [...])], validated.
+    The keys are the SimConfig fields declared ``grid=True`` (`servesim.options`)."""
+    from ..checks import check_known_name
+    from ..options import flag, grid_keys, options
+    keys = grid_keys()
     out: list[tuple[str, list]] = []
     seen = set()
     for item in items or ():
@@ -104,27 +102,15 @@ def parse_grid(items) -> list[tuple[str, list]]:
             raise ConfigError(f"--grid: {item!r} is not KEY=V1,V2; write e.g. --grid tp=1,2,4")
         key, _, vals = item.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
-        if key not in types or key in _NOT_GRIDDABLE:
+        if key not in keys:
             hint = " (use --rates for the rate)" if key == "rate" else ""
-            ok = ", ".join(k for k in types if k not in _NOT_GRIDDABLE)
-            raise ConfigError(f"--grid: unknown key {key!r}{hint}; use one of {ok}")
+            raise ConfigError(f"--grid: unknown key {key!r}{hint}; use one of {', '.join(keys)}")
         if key in seen:
             raise ConfigError(f"--grid: key {key!r} given twice; list all its values once, e.g. {key}=a,b")
         seen.add(key)
-        values = [_coerce(key, v.strip(), types[key]) for v in vals.split(",") if v.strip()]
-        if not values:
-            raise ConfigError(f"--grid {key}: no values; write e.g. --grid {key}=a,b")
-        if key == "hardware":
-            known = list_hardware()
-            for v in values:
-                if v not in known and not v.endswith(".toml"):
-                    raise ConfigError(f"--grid hardware: unknown hardware {v!r}; use one of {', '.join(known)}")
-        if key in _CHOICES:
-            for v in values:
-                if v not in _CHOICES[key]:
-                    raise ConfigError(f"--grid {key}: unknown value {v!r}; use one of {', '.join(_CHOICES[key])}")
-        if key in ("tp", "pp", "replicas", "num_requests") and any(v < 1 for v in values):
-            raise ConfigError(f"--grid {key}: values must be >= 1, got {min(values)}")
+        values = parse_values(key, vals, flag(key))
+        if options()[key].names is not None:
+            values = [check_known_name(key, v, f"--grid {key}") for v in values]
         out.append((key, values))
     return out
 

@@ -22,6 +22,7 @@ def max_rate_task(arg) -> dict:
 
 
 def find_max_rate(cfg, tol: float = 0.05, margin: float = 0.0, start: float | None = None) -> dict:
+    from ..options import default_rate
     from ..workload import load_workload
     sims = 0
     cache: dict[float, tuple] = {}
@@ -39,7 +40,7 @@ def find_max_rate(cfg, tol: float = 0.05, margin: float = 0.0, start: float | No
         return cache[rate]
 
     if start is None:
-        start = cfg.rate if cfg.rate is not None else load_workload(cfg.workload).default_rate * cfg.replicas
+        start = cfg.rate if cfg.rate is not None else default_rate(load_workload(cfg.workload))
     status, out, ok, reasons = run(start)
     if status != "ok":
         return _row(cfg, status, out, None, None, None, sims, reasons)
@@ -80,11 +81,11 @@ def find_max_rate(cfg, tol: float = 0.05, margin: float = 0.0, start: float | No
 
 
 def _row(cfg, status, summary, max_rate, fail_rate, limit, sims, reasons) -> dict:
-    from dataclasses import asdict
+    from ..options import plain
     if isinstance(summary, dict):
         base = summary_row(summary)
     else:
-        base = asdict(cfg)
+        base = plain(cfg)
     row = {"point": None, "status": status if max_rate is not None or status != "ok" else "no_rate",
            "error": summary if isinstance(summary, str) else "", **base}
     row.update({"max_rate": max_rate, "first_failing_rate": fail_rate, "limited_by": limit or "",

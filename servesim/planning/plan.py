@@ -219,15 +219,16 @@ def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
                                  "idle_usd_per_hour": cost["usd_per_hour"] * (1.0 - busy)},
                   "metrics": _metrics(s)})
     return c
+    from ..checks import check_sim_config
 
 
 def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanResult:
     from ..config import list_hardware
-    from ..metrics import parse_slo
+    from ..options import default_rate
     from ..workload import load_workload
     backend = backend or Backend()
-    base = spec.base
-    slo = parse_slo(base.slo)
+    base = check_sim_config(spec.base)     # the edge: the SLO parsed once, every option checked
+    slo = base.slo
     if not slo:
         raise ConfigError("plan needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
     if base.offline or base.concurrency is not None:
@@ -238,7 +239,7 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     if spec.daily_rates:
         rate = max(rate if rate is not None else 0.0, max(spec.daily_rates))
     if rate is None:
-        rate = load_workload(base.workload).default_rate
+        rate = default_rate(load_workload(base.workload))
     if rate <= 0:
         raise ConfigError(f"--rate must be > 0, got {rate}")
     base = replace(base, rate=rate)

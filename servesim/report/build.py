@@ -40,7 +40,7 @@ class ReportSpec:
     workload: str = "chat"
     rates: tuple | None = None        # sweep rates, req/s; None = from the capacity bound
     rate: float | None = None         # target load for plan / breakdown / compare; None = workload default
-    slo: str = DEFAULT_SLO
+    slo: object = DEFAULT_SLO         # a servesim.slo.Slo, or its text
     dtype: str = "bf16"
     num_requests: int = 1000
     seed: int = 0
@@ -57,7 +57,7 @@ def regenerate_command(spec: ReportSpec, outdir: str) -> str:
         parts += ["--rates", ",".join(f"{r:g}" for r in spec.rates)]
     if spec.rate is not None:
         parts += ["--rate", f"{spec.rate:g}"]
-    parts += ["--slo", spec.slo, "--dtype", spec.dtype, "--num-requests", str(spec.num_requests),
+    parts += ["--slo", str(spec.slo), "--dtype", spec.dtype, "--num-requests", str(spec.num_requests),
               "--seed", str(spec.seed), "--train-tokens", f"{spec.train_tokens:g}",
               "--train-gpus", str(spec.train_gpus), "--max-gpus", str(spec.max_gpus), "-o", str(outdir)]
     return " ".join(shlex.quote(p) for p in parts)
@@ -101,13 +101,12 @@ def mean_lengths(base) -> tuple[float, float]:
 
 
 def default_rates(base, tps: dict, isl_osl) -> list[float]:
-    from ..metrics import parse_slo
     from ..planning.plan import layout_bounds
     prompt = np.array([isl_osl[0]])
     output = np.array([isl_osl[1]])
     caps = []
     for hw, tp in tps.items():
-        b = layout_bounds({"hardware": hw, "tp": tp}, base, prompt, output, parse_slo(base.slo), 0.0)
+        b = layout_bounds({"hardware": hw, "tp": tp}, base, prompt, output, base.slo, 0.0)
         if b.get("capacity_rps") and np.isfinite(b["capacity_rps"]):
             caps.append(b["capacity_rps"])
     cap = max(caps) if caps else 1.0
@@ -219,8 +218,9 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     ``shown_as``: the folder the regenerate command names (when `outdir` is a staging folder)."""
     from .. import __version__
     from ..config import load_hardware, load_model
-    from ..metrics import parse_slo
+    from ..options import default_rate
     from ..planning.figures import pareto_figure, sweep_figures
+    from ..slo import parse_slo
     from ..workload import load_workload
     from . import figures
     from .validation import profile_status
@@ -233,7 +233,8 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     for h in spec.hardware:
         load_hardware(h)
     workload = load_workload(spec.workload)
-    slo = parse_slo(spec.slo)
+    slo = parse_slo(spec.slo)       # the edge: a string or an already parsed Slo
+    spec = replace(spec, slo=slo)
     if not slo:
         raise ConfigError(f"--slo: the report needs at least one target, e.g. --slo {DEFAULT_SLO}")
     if spec.num_requests < 1:
@@ -246,7 +247,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     tps = {h: serving_tp(base, h) for h in spec.hardware}
     isl, osl = mean_lengths(base)
     rates = list(spec.rates) if spec.rates else default_rates(base, tps, (isl, osl))
-    rate = spec.rate if spec.rate is not None else workload.default_rate
+    rate = spec.rate if spec.rate is not None else default_rate(workload)
     if command is None:
         command = regenerate_command(replace(spec, rates=tuple(rates), rate=rate), str(shown_as or outdir))
 
@@ -286,7 +287,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     md.append(f"- model {md_code(spec.model)}, weights {md_text(spec.dtype)}, engine preset `vllm`\n"
               f"- workload {md_code(spec.workload)} ({md_text(workload.description)}); mean prompt {isl:.0f} tokens, "
               f"mean output {osl:.0f} tokens (over {min(spec.num_requests, 4000)} sampled requests, seed {spec.seed})\n"
-              f"- SLO {md_code(spec.slo)}; target load {rate:g} req/s "
+              f"- SLO {md_code(str(spec.slo))}; target load {rate:g} req/s "
               f"({'--rate' if spec.rate is not None else 'the workload default'})\n"
               f"- serving layout per hardware (smallest TP in 1, 2, 4, 8 whose weights and a KV cache fit): "
               + ", ".join(f"{md_text(h)} TP={t}" for h, t in tps.items()) + "\n"

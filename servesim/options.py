@@ -1,0 +1,203 @@
+"""Every simulation option, declared once: the fields of `SimConfig`.
+
+Each field carries its `Option` (made by `opt`): kind, range, choices, help text, the engine-profile
+value or constant that fills it when not given, and whether a sweep may grid it. From this one
+declaration come the click options of simulate/sweep/plan (`servesim.cli.options`), the keywords of
+`servesim.simulate(**kw)`, the checks (`servesim.checks.check_sim_config`), the defaults filled by
+`api.resolve`, and the `--grid` keys and value parsing (`servesim.planning.grid`).
+
+A default of None means "not given": `api.resolve` fills it from the engine profile (``preset``), a
+constant (``fill``) or the workload, as the help text says. The offered rate has one default, in one
+place (`default_rate`): the workload's ``default_rate``, for the whole deployment whatever its
+replicas, so simulate, sweep, plan and report describe the same traffic.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+
+from .engine import codes as C
+
+KINDS = ("name", "int", "float", "choice", "bool", "duration", "stages", "slo")   # duration: seconds (text on the CLI)
+
+
+def _weight_dtypes():
+    from .costmodel.dtypes import WEIGHT_DTYPES
+    return ("auto",) + tuple(WEIGHT_DTYPES)
+
+
+def _kv_dtypes():
+    from .costmodel.dtypes import KV_DTYPES
+    return tuple(KV_DTYPES)
+
+
+def _allreduce():
+    from .costmodel.collectives import ALGORITHMS
+    return ("auto",) + tuple(k for k in ALGORITHMS if k != "auto")
+
+
+def _arrivals():
+    from .workload.arrivals import PROCESSES
+    return tuple(PROCESSES)
+
+
+def _trace_modes():
+    from .workload.spec import TRACE_MODES
+    return tuple(TRACE_MODES)
+
+
+def _models():
+    from .config.model import list_hf_models, list_models
+    return tuple(list_models()) + tuple(list_hf_models())
+
+
+def _hardware():
+    from .config.hardware import list_hardware
+    return tuple(list_hardware())
+
+
+def _engines():
+    from .config.engine import list_engines
+    return tuple(list_engines())
+
+
+def _workloads():
+    from .workload.spec import list_workloads
+    return tuple(list_workloads())
+
+
+@dataclass(frozen=True)
+class Option:
+    """What one SimConfig field is: the rule it is checked by and how the CLI and sweeps show it."""
+    kind: str                      # one of KINDS
+    help: str = ""
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple | object = ()   # a tuple, or a function returning one (read when first needed)
+    names: object = None           # kind name: a function listing the shipped names (else a file path)
+    preset: str = ""               # None is filled from this attribute of the engine profile's [scheduler]
+    fill: object = None            # None is filled with this constant
+    grid: bool = True              # a `--grid` key of sweep
+    hint: str = ""                 # what None means, added to a range error
+
+    def choice_list(self) -> tuple:
+        return self.choices() if callable(self.choices) else tuple(self.choices)
+
+    def help_text(self) -> str:
+        if self.preset:
+            return f"{self.help} [default: the engine profile's]".strip()
+        if self.fill is not None:
+            return f"{self.help} [default: {self.fill:g}]" if isinstance(self.fill, float) else \
+                f"{self.help} [default: {self.fill}]"
+        return self.help
+
+
+def opt(default, kind: str, **meta):
+    """A SimConfig field declared as an option (see `Option` for ``meta``)."""
+    assert kind in KINDS, kind
+    return field(default=default, metadata={"option": Option(kind, **meta)})
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Every knob of one simulation. None means: take it from the engine profile or the workload."""
+    model: str = opt("llama-3.1-8b", "name", names=_models, help="Model name, or a .toml / HF config.json path.")
+    hardware: str = opt("h100-sxm", "name", names=_hardware,
+                        help="Hardware profile (servesim profiles list) or a .toml path.")
+    tp: int = opt(1, "int", ge=1, help="Tensor-parallel degree.")
+    pp: int = opt(1, "int", ge=1, help="Pipeline-parallel stages.")
+    replicas: int = opt(1, "int", ge=1, help="Data-parallel replicas behind the router.")
+    router: str = opt("round-robin", "choice", choices=tuple(C.ROUTERS), help="How requests go to replicas.")
+    dtype: str = opt("auto", "choice", choices=_weight_dtypes,
+                     help="Weights; auto: the checkpoint's (its quantization_config or torch_dtype; bf16 for "
+                          "shipped models).")
+    kv_dtype: str = opt("auto", "choice", choices=_kv_dtypes,
+                        help="KV cache; auto: 16-bit, the model's activation dtype, as vLLM's kv_cache_dtype auto.")
+    allreduce: str = opt("auto", "choice", choices=_allreduce,
+                         help="TP all-reduce algorithm; auto: the faster of ring and tree per message size.")
+    engine: str = opt("vllm", "name", names=_engines,
+                      help="Engine profile: vllm, sglang, trtllm (engines/*.toml), or a path to your own .toml.")
+    scheduler: str | None = opt(None, "choice", choices=tuple(C.POLICIES), preset="policy", help="Scheduling policy.")
+    max_num_seqs: int | None = opt(None, "int", ge=1, preset="max_num_seqs", help="Largest batch, in sequences.")
+    max_num_batched_tokens: int | None = opt(None, "int", ge=1, preset="max_num_batched_tokens",
+                                             help="Token budget of one iteration.")
+    chunk_size: int | None = opt(None, "int", ge=1,
+                                 help="sarathi chunk size [default: 512 with sarathi, else --max-num-batched-tokens].")
+    block_size: int | None = opt(None, "int", ge=1, preset="block_size", help="KV-cache block, in tokens.")
+    gpu_memory_utilization: float | None = opt(None, "float", gt=0.0, le=1.0, preset="gpu_memory_utilization",
+                                               help="Fraction of GPU memory the engine may use.")
+    preemption: str | None = opt(None, "choice", choices=tuple(C.PREEMPTION), preset="preemption",
+                                 help="What happens to a preempted request's KV cache.")
+    iteration_overhead_us: float | None = opt(None, "float", ge=0.0,
+                                              help="Replace the engine profile's host time per step (us).")
+    num_gpu_blocks: int | None = opt(None, "int", ge=1,
+                                     help="KV-cache blocks per replica, as the real engine reported them (default: "
+                                          "computed from memory the way the engine does).")
+    workload: str = opt("chat", "name", names=_workloads,
+                        help="chat, code, summarization, long-context, or a .toml / trace .csv.")
+    isl: int | None = opt(None, "int", ge=1, help="Fixed input length (overrides the workload).")
+    osl: int | None = opt(None, "int", ge=1, help="Fixed output length (overrides the workload).")
+    num_system_prompts: int | None = opt(None, "int", ge=1,
+                                         help="Shared prefix: N system prompts (with --system-prompt-len); each "
+                                              "request's user is drawn at random.")
+    users_per_system_prompt: int | None = opt(None, "int", ge=1, help="Users sharing each system prompt (default 1).")
+    system_prompt_len: int | None = opt(None, "int", ge=1, help="Tokens of each shared system prompt.")
+    question_len: int | None = opt(None, "int", ge=1,
+                                   help="Fixed question tokens after the system prompt (default: the workload's "
+                                        "prompt lengths).")
+    rate: float | None = opt(None, "float", gt=0.0, grid=False, hint="; for every request at t = 0 use --offline",
+                             help="Requests/s offered to the whole deployment (default: the workload's "
+                                  "default_rate, whatever --replicas).")
+    stages: str | tuple | None = opt(None, "stages", grid=False,
+                                     help="Open-loop load in stages, RATExDURATION each, e.g. 5x600s,10x600s (sets "
+                                          "the rate and the number of requests).")
+    arrival: str | None = opt(None, "choice", choices=_arrivals, fill="poisson", help="Open-loop arrival process.")
+    cv: float | None = opt(None, "float", gt=0.0, fill=1.0,
+                           help="Coefficient of variation of --arrival gamma (1: as Poisson).")
+    concurrency: int | None = opt(None, "int", ge=1, hint=" (omit it for an open loop)",
+                                  help="Closed loop with N >= 1 clients [default: open loop at --rate].")
+    offline: bool = opt(False, "bool", grid=False, help="All requests at time zero.")
+    trace_mode: str = opt("lengths", "choice", choices=_trace_modes,
+                          help="lengths: sample lengths from the workload; replay: a trace's rows with its arrival "
+                               "times; scale: those arrivals rescaled to --rate.")
+    num_requests: int | None = opt(None, "int", ge=1,
+                                   help="Default 2000; every row with --trace-mode replay/scale; not with --stages.")
+    duration: float | None = opt(None, "duration", gt=0.0, hint=" (omit it to run until every request ends)",
+                                       help="Stop the clock after this long (e.g. 600s).")
+    warmup: float = opt(0.0, "duration", ge=0.0, help="Exclude requests arriving before this.")
+    slo: object = opt(None, "slo", grid=False, help="Latency targets, e.g. ttft_p99=500ms,tpot_p99=50ms.")
+    seed: int = opt(0, "int", ge=0, help="Seed of every random draw.")
+    price: float | None = opt(None, "float", ge=0.0, help="Override $ per GPU-hour.")
+
+
+def options() -> dict[str, Option]:
+    """Every option, in declaration order: name -> Option."""
+    return {f.name: f.metadata["option"] for f in fields(SimConfig)}
+
+
+def defaults() -> dict[str, object]:
+    return {f.name: f.default for f in fields(SimConfig) if f.default is not MISSING}
+
+
+def flag(name: str) -> str:
+    """SimConfig field -> CLI option: max_num_seqs -> --max-num-seqs."""
+    return "--" + name.replace("_", "-")
+
+
+def grid_keys() -> list[str]:
+    return [name for name, o in options().items() if o.grid]
+
+
+def default_rate(workload) -> float:
+    """The offered rate when none is given: the workload's ``default_rate`` (req/s), for the whole
+    deployment, whatever its replicas (workloads/README.md)."""
+    return float(workload.default_rate)
+
+
+def plain(cfg) -> dict:
+    """Every field of a SimConfig as a plain value (the SLO as its text), for JSON and tables."""
+    out = {}
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        out[f.name] = str(v) if f.metadata["option"].kind == "slo" and v is not None else v
+    return out
