@@ -82,26 +82,14 @@ def calibrate(profile, operators, training, output, aiconfigurator, serving, eng
           --engine-output my-vllm.toml
       servesim simulate --hardware h100-sxm --engine my-vllm.toml
     """
-    from ..calibrate.fit import calibrate as run, default_report_dir, summary, write_outputs
-    from ..checks import check_int
-    from ..errors import ConfigError
-    from ..outputs import check_output_dir, check_output_file
-    check_int(tp, "--tp")
-    for path, option in ((output, "-o"), (engine_output, "--engine-output")):
-        if path is not None:
-            check_output_file(path, option)
-    first = output or engine_output
-    if report_dir is not None or first:
-        rep = report_dir if report_dir is not None else default_report_dir(first)
-        rep_path, _ = check_output_dir(rep, "--report", create=False)
-        if rep_path.is_dir() and any(rep_path.iterdir()) and not force:
-            raise ConfigError(f"--report {rep}: the folder exists and is not empty (an earlier fit report?); "
-                              "pass --force to replace its files, or name another folder")
-    result = run(profile, output, operators=operators, serving=serving, training=training, model=model, tp=tp,
-                 hardware=hardware, precision=precision, force=force, holdout=holdout,
-                 aiconfigurator=aiconfigurator, engine=engine, engine_output=engine_output)
+    from ..calibrate.fit import summary
+    from ..workflows.calibration import run_calibration
     command = "servesim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "servesim calibrate"
-    rep = write_outputs(result, report_dir=report_dir, command=command)
+    result, rep = run_calibration(profile, operators=operators, training=training, output=output,
+                                  aiconfigurator=aiconfigurator, serving=serving, engine=engine,
+                                  engine_output=engine_output, model=model, tp=tp, hardware=hardware,
+                                  precision=precision, force=force, report_dir=report_dir, holdout=holdout,
+                                  command=command)
     _echo_warnings(result.warnings)
     if output:
         click.echo(f"fitted {len(result.values)} parameter(s) of {result.profile}:")
@@ -151,26 +139,18 @@ def validate(suite, user_csv, quick, check, outdir, fmt):
       servesim validate --suite serving --quick --check
       servesim validate --csv my_runs.csv -o validation/
     """
-    import json
-
     from ..calibrate.validate import run_suites, summarize, write_outputs
     from ..outputs import output_dir
+    from ..workflows.calibration import validate_result
     with output_dir(outdir, "-o", "servesim validate") as od:
         results = run_suites(suite, user_csv, quick=quick)
         if od is not None:
             od.write(lambda d: write_outputs(results, d))
-    failed = []
-    out = []
-    for res in results:
-        s = summarize(res)
-        ok = not s["failed"]
-        failed += [f"{res.name} {f}" for f in s["failed"]]
-        out.append((res, s, ok))
+    checked = validate_result(results)
+    failed = list(checked.failed)
+    out = [(res, s, not s["failed"]) for res, s in ((res, summarize(res)) for res in results)]
     if fmt == "json":
-        click.echo(json.dumps([{"suite": r.name, "tolerance": r.metric_tolerance or r.tolerance, "pass": ok,
-                                "n": s["n"], "median_rel_err": s["median"], "p90_rel_err": s["p90"],
-                                "checked": s.get("checked"), "groups": s["table"].to_dict(orient="records")}
-                               for r, s, ok in out], indent=2))
+        click.echo(checked.to_json())
     else:
         for res, s, ok in out:
             if s.get("checked"):

@@ -15,8 +15,6 @@ from .options import simulate_options as _simulate_options
 from ..errors import ServesimError, ServesimWarning
 from ..outputs import Terminated, exit_status, signal_handlers, signal_name
 
-INT32_MAX = 2**31 - 1
-
 
 class Group(click.Group):
     """One line on stderr instead of a traceback or a usage block: domain errors and bad option values
@@ -200,56 +198,22 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
       servesim cost --decode-seqs 64 --context 2048
       servesim cost --model llama-3.1-70b --tp 4 --prefill-tokens 8192 --prefill-seqs 4
     """
-    from ..checks import check_int
-    from ..config import load_hardware, load_model
-    from ..costmodel import Batch, Layout, build_replica
-    from ..errors import ConfigError
-    step = 2**20   # one engine step: at most this many tokens or sequences
-    check_int(tp, "--tp")
-    check_int(pp, "--pp")
-    check_int(prefill_tokens, "--prefill-tokens", ge=0, le=step)
-    check_int(prefill_seqs, "--prefill-seqs", ge=1, le=step)
-    check_int(cached, "--cached", ge=0, le=INT32_MAX)
-    check_int(decode_seqs, "--decode-seqs", ge=0, le=step)
-    check_int(context, "--context", ge=0, le=INT32_MAX)
-    check_int(max_num_seqs, "--max-num-seqs", ge=1, le=step)
-    if prefill_tokens == 0 and decode_seqs == 0:
-        raise ConfigError("empty batch: give --prefill-tokens N and/or --decode-seqs N")
-    from ..config.engine import load_engine
-    m, h, eng = load_model(model), load_hardware(hardware), load_engine(engine)
-    longest = cached + -(-prefill_tokens // prefill_seqs)
-    for what, n in ((f"--context {context:,}", context), (f"--cached {cached:,} + a prefill chunk of "
-                                                          f"{longest - cached:,} tokens", longest)):
-        if n > m.max_context:
-            raise ConfigError(f"{what} exceeds {m.name}'s context of {m.max_context:,} tokens (max_context); "
-                              "use a shorter context or more --prefill-seqs")
-    rc = build_replica(m, h, Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce),
-                       max_tokens=max(prefill_tokens + decode_seqs, 1), max_seqs=max_num_seqs, engine=eng)
-    chunks = []
-    if prefill_tokens:
-        base, extra = divmod(prefill_tokens, prefill_seqs)
-        chunks = [(base + (1 if i < extra else 0), cached) for i in range(prefill_seqs) if base + (i < extra) > 0]
-    b = rc.iteration(Batch(prefill=tuple(chunks), decode=tuple([context] * decode_seqs)))
-    d = {"model": m.name, "hardware": h.name, "engine": eng.name, "engine_fit": eng.fit_for(h).note,
-         "tp": tp, "pp": pp, "dtype": dtype,
-         "prefill_tokens": prefill_tokens, "prefill_seqs": len(chunks), "decode_seqs": decode_seqs,
-         "context": context, **b.as_dict(), "memory": rc.memory.as_dict()}
-    d["tokens_per_s"] = (prefill_tokens + decode_seqs) / b.interval_s if b.interval_s > 0 else 0.0
+    from ..workflows import cost as run
+    res = run(model, hardware, tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce,
+              prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, cached=cached, decode_seqs=decode_seqs,
+              context=context, engine=engine, max_num_seqs=max_num_seqs)
     if fmt == "json":
-        click.echo(_dump(d))
+        click.echo(res.to_json())
         return
-    click.echo(f"{m.name} on {h.name}  TP={tp} PP={pp} {dtype}  "
-               f"batch: {prefill_tokens} prefill tokens in {len(chunks)} seqs, {decode_seqs} decodes at context {context}")
-    click.echo(f"  iteration time  {b.time_s * 1e3:9.3f} ms   (pipeline interval {b.interval_s * 1e3:.3f} ms)")
-    for k, v in b.parts_s.items():
-        bound = b.bound.get(k, "")
-        if k == "attention":
-            bound = ", ".join(f"{kk.split('_')[1]}: {vv}" for kk, vv in b.bound.items() if kk.startswith("attention"))
-        click.echo(f"  {k:<14}  {v * 1e3:9.3f} ms  {100 * v / b.time_s:5.1f}%  {bound}")
-    click.echo(f"  bottleneck      {b.bottleneck}")
-    mem = rc.memory
-    click.echo(f"  memory/GPU      weights {mem.weight_bytes / 2**30:.1f} GiB, KV {mem.kv_bytes_per_token / 1024:.1f} KiB/token, "
-               f"KV capacity {mem.kv_capacity_tokens:,} tokens at 90% utilisation")
+    d, mem = res.summary, res.summary["memory"]
+    click.echo(f"{d['model']} on {d['hardware']}  TP={tp} PP={pp} {dtype}  batch: {prefill_tokens} prefill tokens "
+               f"in {d['prefill_seqs']} seqs, {decode_seqs} decodes at context {context}")
+    click.echo(f"  iteration time  {d['time_ms']:9.3f} ms   (pipeline interval {d['interval_ms']:.3f} ms)")
+    for r in res.breakdown.itertuples():
+        click.echo(f"  {r.part:<14}  {r.time_ms:9.3f} ms  {100 * r.share:5.1f}%  {r.bound}")
+    click.echo(f"  bottleneck      {d['bottleneck']}")
+    click.echo(f"  memory/GPU      weights {mem['weights_gib']:.1f} GiB, KV {mem['kv_bytes_per_token'] / 1024:.1f} "
+               f"KiB/token, KV capacity {mem['kv_capacity_tokens']:,} tokens at 90% utilisation")
 
 
 # ---------------------------------------------------------------- simulate
@@ -258,7 +222,10 @@ def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, pr
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write requests.csv(.parquet), summary.json and figures here.")
-def simulate(fmt, outdir, **kw):
+@click.option("--capacity", is_flag=True,
+              help="Also find the maximum sustainable rate by simulation (5-8 more runs) and report "
+                   "capacity_headroom = 1 - rate / that rate.")
+def simulate(fmt, outdir, capacity, **kw):
     """Simulate a serving deployment request by request.
 
     With no options: llama-3.1-8b on one h100-sxm, vLLM preset, chat workload at its default rate.
@@ -268,14 +235,21 @@ def simulate(fmt, outdir, **kw):
       servesim simulate
       servesim simulate --model llama-3.1-70b --tp 4 --replicas 2 --rate 10 --format json
       servesim simulate --isl 1024 --osl 128 --offline --num-requests 1000 --engine trtllm
+      servesim simulate --rate 4 --capacity
     """
     from ..api import simulate as run
     from .options import sim_config
     from ..outputs import output_dir
     from ..outputs.results import write_outputs
     cfg = sim_config(kw)
+    if capacity:
+        from ..planning.capacity import check_open_loop
+        check_open_loop(cfg)
     with output_dir(outdir, "-o", "servesim simulate") as out:
         res = run(cfg)
+        if capacity:
+            from ..planning.capacity import capacity as find_capacity
+            res.summary["capacity"] = find_capacity(cfg, res.summary["config"]["rate"])
         if out is not None:
             out.write(lambda d: write_outputs(res, d))
     if fmt == "json":
