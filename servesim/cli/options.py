@@ -60,7 +60,7 @@ def click_option(name: str, **overrides):
     elif o.kind == "duration":
         kw.update(type=Duration(), default=None if default is None else f"{default:g}s")
     elif o.kind == "bool":
-        kw = dict(is_flag=True, help=o.help_text())
+        kw = dict(is_flag=True, default=default, help=o.help_text())
     kw.update(overrides)
     return click.option(flag(name), name, **kw)
 
