@@ -1,14 +1,12 @@
-"""`servesim sweep` and `servesim plan`: thin click commands over `servesim.planning`."""
+"""`servesim sweep` and `servesim plan`: thin click commands over `servesim.workflows.capacity`
+(the functions behind `servesim.sweep`, `find_max_rate` and `plan`)."""
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import replace
 
 import click
 
 from .options import simulate_options as _simulate_options
-from ..errors import ConfigError
 
 
 def _replace_option(f, name: str, option):
@@ -33,37 +31,9 @@ def _backend_options(f):
     return f
 
 
-def parse_prices(values) -> tuple[float | None, dict[str, float]]:
-    default, per_hw = None, {}
-    for v in values or ():
-        for part in str(v).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            hw, sep, usd = part.rpartition("=")
-            try:
-                price = float(usd)
-            except ValueError:
-                raise ConfigError(f"--price: {part!r} is not USD or HARDWARE=USD; write e.g. --price h100-sxm=2.5") from None
-            if not (price >= 0 and price != float("inf")):
-                raise ConfigError(f"--price: must be a finite number >= 0 $/GPU-hour, got {part!r}")
-            if sep:
-                from ..config import list_hardware
-                if hw not in list_hardware():
-                    raise ConfigError(f"--price: unknown hardware {hw!r}; use one of {', '.join(list_hardware())}")
-                per_hw[hw] = price
-            else:
-                default = price
-    return default, per_hw
-
-
 def _base_config(kw):
     from .options import sim_config
     return sim_config(kw)
-
-
-def _priced(points, default, per_hw):
-    return [replace(p, price=per_hw.get(p.hardware, default)) for p in points]
 
 
 class _Progress:
@@ -82,10 +52,6 @@ class _Progress:
     def close(self):
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
-
-
-def _records(df) -> list[dict]:
-    return json.loads(df.to_json(orient="records"))
 
 
 SWEEP_COLUMNS = [("rate", "rate", "{:.3g}"), ("status", "status", "{}"), ("ttft_ms_p99", "TTFT p99", "{:.1f}"),
@@ -143,47 +109,15 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
       servesim sweep --rates 2,4,8 --grid tp=1,2 --grid hardware=h100-sxm,h200-sxm --format json
       servesim sweep --find-max-rate --slo ttft_p99=1s,tpot_p99=60ms --grid hardware=h100-sxm,l40s
     """
-    from ..checks import check_float, check_int
     from ..outputs import output_dir
-    from ..planning import backends, figures, grid as G, sweep as S
+    from ..planning import backends, figures, sweep as S
     from ..planning.checkpoint import Checkpointed, PointStore, POINTS
-    base = _base_config(kw)
-    default_price, per_hw = parse_prices(prices)
-    grid_spec = G.parse_grid(grid)
-    slo = base.slo
-    check_float(tolerance, "--tolerance", gt=0.0, lt=1.0)
-    check_float(margin, "--margin", ge=0.0, lt=1.0)
-    check_int(workers, "--workers", none_ok=True)
-    if find_max_rate:
-        if not slo:
-            raise ConfigError("--find-max-rate needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
-        rate_list = None
-        if rates:
-            rate_list = G.parse_rates(rates)
-            base = replace(base, rate=min(rate_list))
-    else:
-        if not rates:
-            raise ConfigError("--rates is required, e.g. --rates 1,2,4 or --rates 1:64:16 (or use --find-max-rate)")
-        rate_list = G.parse_rates(rates)
-        if base.offline or base.concurrency is not None:
-            raise ConfigError("--rates sweeps open-loop arrivals; drop --offline / --concurrency")
-    n = 1
-    for _, v in grid_spec:
-        n *= len(v)
-    n_points = n if find_max_rate else n * len(rate_list)
-    S.validate_base(base, grid_spec)
+    from ..workflows.capacity import execute_sweep, prepare_sweep, sweep_error
+    spec = prepare_sweep(_base_config(kw), rates, grid, find_max_rate=find_max_rate, tolerance=tolerance,
+                         margin=margin, prices=prices, workers=workers)
     stem = "max_rate" if find_max_rate else "sweep"
-
-    class _PricedBackend:   # price each point by its hardware before it runs (and before it is keyed)
-        def __init__(self, inner):
-            self.inner = inner
-
-        def map(self, fn, items, progress=None):
-            items = [(x[0], _priced([x[1]], default_price, per_hw)[0], *x[2:]) for x in items]
-            return self.inner.map(fn, items, progress)
-
     with output_dir(outdir, "-o", "servesim sweep") as out:
-        bar = _Progress(n_points, "max-rate search" if find_max_rate else "sweep")
+        bar = _Progress(spec.num_points, "max-rate search" if find_max_rate else "sweep")
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             runner = be
             if out is not None:   # save each point as it finishes; a rerun skips the saved ones
@@ -192,21 +126,17 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
                     f"{stem}.csv / {stem}.parquet and the figures (any present are from an earlier run)"]),
                     hint="Rerun the same command to resume: the saved points are not computed again.")
             try:
-                if find_max_rate:
-                    res = S.run_max_rate(base, grid_spec, _PricedBackend(runner), tol=tolerance, margin=margin,
-                                         progress=bar)
-                else:
-                    res = S.run_sweep(base, grid_spec, rate_list, _PricedBackend(runner), progress=bar)
+                res = execute_sweep(spec, runner, progress=bar)
             finally:
                 bar.close()
-        df = res.table
+        df, keys = res.points, list(res.grid)
         written = []
         if out is not None:
             out.write(lambda d: written.extend(S.write_table(df, d, stem)))
             try:
                 out.write(lambda d: written.extend(
-                    figures.max_rate_figure(df, res.grid_keys, d) if find_max_rate
-                    else figures.sweep_figures(df, res.grid_keys, slo, d)))
+                    figures.max_rate_figure(df, keys, d) if find_max_rate
+                    else figures.sweep_figures(df, keys, spec.base.slo, d)))
             except Exception as e:  # a figure must never lose the table
                 click.echo(f"servesim: warning: figures skipped ({e})", err=True)
             out.commit()
@@ -216,26 +146,14 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
                            f"{out.path / POINTS} (identical inputs)", err=True)
     if (df.status != "error").any() or not res.errors:
         if fmt == "json":
-            click.echo(json.dumps({"mode": res.mode, "grid": [k for k, _ in grid_spec], "points": _records(df),
-                                   "errors": [{"point": p, "message": m} for p, m in res.errors],
-                                   "files": [str(p) for p in written]}, indent=2))
+            click.echo(res.to_json(files=written))
         else:
-            lead = list(res.grid_keys)
-            click.echo(_text_table(df, lead, MAXRATE_COLUMNS if find_max_rate else SWEEP_COLUMNS))
+            click.echo(_text_table(df, keys, MAXRATE_COLUMNS if find_max_rate else SWEEP_COLUMNS))
             if written:
                 click.echo(f"wrote {', '.join(str(p) for p in written)}")
     if res.errors:
-        point, msg = res.errors[0]
         done = int((df.status == "ok").sum())
-        where = f" ({done} completed points written to {outdir})" if outdir else ""
-        raise ConfigError(f"point {point}: {msg}{where}")
-
-
-def _candidates(key: str, text) -> tuple:
-    """A comma list of candidate values of SimConfig field `key`, each checked by its declared rule."""
-    from ..options import flag
-    from ..planning.grid import parse_values
-    return tuple(parse_values(key, text, flag(key)))
+        raise sweep_error(res, f" ({done} completed points written to {outdir})" if outdir else "")
 
 
 def _plan_options(f):
@@ -283,68 +201,38 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
           --rate 10 --slo ttft_p99=2s,tpot_p99=80ms --format json -o plan/
       servesim plan --daily-rates 2,2,4,8,12,8 --slo ttft_p99=1s --price h100-sxm=2.5
     """
-    import pandas as pd
-    from ..checks import check_choice, check_float, check_int, check_known_name
-    from ..costmodel.dtypes import WEIGHT_DTYPES
+    from ..checks import check_int
     from ..outputs import output_dir
     from ..planning import backends, figures
-    from ..planning.grid import parse_rates
-    from ..planning.plan import PlanSpec, plan as run_plan
     from ..planning.sweep import write_table
-    kw.update(tp=1, pp=1, replicas=1, hardware="h100-sxm", dtype="bf16", max_num_seqs=None,
-              max_num_batched_tokens=None)
-    base = _base_config(kw)
-    default_price, per_hw = parse_prices(prices)
-    check_int(max_gpus, "--max-gpus")
-    check_int(max_replicas, "--max-replicas")
-    check_float(budget, "--budget", gt=0.0, none_ok=True, hint=" $/hour (omit it for no budget)")
-    check_float(margin, "--margin", ge=0.0, lt=1.0)
+    from ..workflows.capacity import PLACEHOLDERS, execute_plan, plan_error, prepare_plan
+    base = _base_config(kw | PLACEHOLDERS)
     check_int(top, "--top", hint=" (rows of the ranked table)")
-    check_int(workers, "--workers", none_ok=True)
-    hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware is not None else ()
-    if hardware is not None and not hw:
-        raise ConfigError("--hardware is empty; give a comma list such as h100-sxm,a100-sxm-80gb, or omit it")
-    for h in hw:
-        check_known_name("hardware", h, "--hardware")
-    dtypes = tuple(check_choice(d.strip(), "--dtype", WEIGHT_DTYPES) for d in dtype.split(",") if d.strip())
-    if not dtypes:
-        raise ConfigError("--dtype is empty; give a comma list such as bf16,fp8")
-    seqs, tokens = max_num_seqs, max_num_batched_tokens
-    spec = PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_candidates("tp", tp), pps=_candidates("pp", pp),
-                    max_num_seqs=_candidates("max_num_seqs", seqs) if seqs is not None else (None,),
-                    max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
-                                            else (None,)),
-                    max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
-                    prices=per_hw, default_price=default_price, exhaustive=exhaustive,
-                    daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else ())
+    spec = prepare_plan(base, hardware=hardware, dtype=dtype, tp=tp, pp=pp, max_replicas=max_replicas,
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_gpus=max_gpus,
+                        budget=budget, margin=margin, daily_rates=daily_rates, exhaustive=exhaustive, prices=prices,
+                        workers=workers)
     with output_dir(outdir, "-o", "servesim plan") as od:
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             bar = _Progress(2, "plan")
             try:
-                res = run_plan(spec, be, progress=None)
+                res = execute_plan(spec, be)
             finally:
                 bar.close()
-        cands = res.candidates
-        if not hw:   # default hardware: list only profiles that can hold the model
-            fits = {c["hardware"] for c in cands if c["status"] != "infeasible"}
-            cands = [c for c in cands if c["hardware"] in fits]
-        out = res.as_dict() | {"candidates": cands}
         if od is not None:
-            flat = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "checks", "cost_split")}
-                                 for c in cands])
-            od.write(lambda d: (d / "plan.json").write_text(json.dumps(out, indent=2) + "\n"))
-            od.write(lambda d: write_table(flat, d, "candidates"))
+            od.write(lambda d: (d / "plan.json").write_text(res.to_json() + "\n"))
+            od.write(lambda d: write_table(res.candidates, d, "candidates"))
             try:
-                od.write(lambda d: figures.pareto_figure(flat, d))
+                od.write(lambda d: figures.pareto_figure(res.candidates, d))
             except Exception as e:  # a figure must never lose the plan
                 click.echo(f"servesim: warning: figure skipped ({e})", err=True)
     if fmt == "json":
-        click.echo(json.dumps(out, indent=2))
+        click.echo(res.to_json())
     else:
-        click.echo(_plan_text(out, top))
-    if res.best is None:
-        from ..errors import InfeasibleError
-        raise InfeasibleError(res.why_not)
+        click.echo(_plan_text(res.summary, top))
+    err = plan_error(res)
+    if err is not None:
+        raise err
 
 
 def _plan_text(out, top) -> str:

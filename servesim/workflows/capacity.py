@@ -263,31 +263,26 @@ def find_max_rate(*, grid=None, tolerance=0.05, margin=0.0, price=None, workers=
 
 
 # ---------------------------------------------------------------- plan
-_PLACEHOLDERS = dict(tp=1, pp=1, replicas=1, hardware="h100-sxm", dtype="bf16", max_num_seqs=None,
+PLACEHOLDERS = dict(tp=1, pp=1, replicas=1, hardware="h100-sxm", dtype="bf16", max_num_seqs=None,
                      max_num_batched_tokens=None)   # searched by the planner, not taken from the base
-_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 
 
-def _int_list(text, option):
-    from ..checks import INT64_MAX
-    try:
-        vals = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{option}: {text!r} is not a comma list of integers, e.g. 1,2,4") from None
-    if not vals or min(vals) < 1 or max(vals) > INT64_MAX:
-        raise ConfigError(f"{option}: need integers from 1 to {INT64_MAX:,}, got {text!r}")
-    return tuple(vals)
+def _candidates(key: str, text) -> tuple:
+    """A comma list of candidate values of SimConfig field `key`, each checked by its declared rule."""
+    from ..options import flag
+    from ..planning.grid import parse_values
+    return tuple(parse_values(key, text, flag(key)))
 
 
 def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max_replicas=64, max_num_seqs=None,
                  max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None,
                  exhaustive=False, prices=(), workers=None):
     """Every option of a plan checked (text as the CLI takes it) -> a `planning.plan.PlanSpec`."""
-    from ..checks import check_choice, check_float, check_int, check_sim_config
-    from ..config import list_hardware
+    from ..checks import check_choice, check_float, check_int, check_known_name, check_sim_config
+    from ..costmodel.dtypes import WEIGHT_DTYPES
     from ..planning.grid import parse_rates
     from ..planning.plan import PlanSpec
-    base = check_sim_config(replace(base, **_PLACEHOLDERS))
+    base = check_sim_config(replace(base, **PLACEHOLDERS))
     default_price, per_hw = parse_prices(prices)
     check_int(max_gpus, "--max-gpus")
     check_int(max_replicas, "--max-replicas")
@@ -297,17 +292,16 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
     hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware is not None else ()
     if hardware is not None and not hw:
         raise ConfigError("--hardware is empty; give a comma list such as h100-sxm,a100-sxm-80gb, or omit it")
-    known = list_hardware()
     for h in hw:
-        if h not in known:
-            raise ConfigError(f"--hardware: unknown hardware {h!r}; use one of {', '.join(known)}")
-    dtypes = tuple(check_choice(d.strip(), "--dtype", _DTYPES) for d in str(dtype).split(",") if d.strip())
+        check_known_name("hardware", h, "--hardware")
+    dtypes = tuple(check_choice(d.strip(), "--dtype", WEIGHT_DTYPES) for d in str(dtype).split(",") if d.strip())
     if not dtypes:
         raise ConfigError("--dtype is empty; give a comma list such as bf16,fp8")
-    return PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_int_list(tp, "--tp"), pps=_int_list(pp, "--pp"),
-                    max_num_seqs=_int_list(max_num_seqs, "--max-num-seqs") if max_num_seqs is not None else (None,),
-                    max_num_batched_tokens=(_int_list(max_num_batched_tokens, "--max-num-batched-tokens")
-                                            if max_num_batched_tokens is not None else (None,)),
+    seqs, tokens = max_num_seqs, max_num_batched_tokens
+    return PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_candidates("tp", tp), pps=_candidates("pp", pp),
+                    max_num_seqs=_candidates("max_num_seqs", seqs) if seqs is not None else (None,),
+                    max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
+                                            else (None,)),
                     max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
                     prices=per_hw, default_price=default_price, exhaustive=exhaustive,
                     daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else ())
@@ -387,7 +381,7 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
     >>> res.best["hardware"], res.best["replicas"] >= 1
     ('h100-sxm', True)
     """
-    searched = sorted(set(options) & set(_PLACEHOLDERS))
+    searched = sorted(set(options) & set(PLACEHOLDERS))
     if searched:
         raise ConfigError(f"plan: {searched[0]}={options[searched[0]]!r} is searched by the planner; give the "
                           "candidates as plan(hardware=..., dtype=..., tp=..., pp=..., max_replicas=...)")
