@@ -19,6 +19,7 @@ from .options import SimConfig, default_rate, plain
 from .options import options as declared
 from .slo import Slo
 from .workload import build_requests, load_workload, with_shared_prefix
+from .workload.arrivals import daily_window
 
 __all__ = ["Result", "SimConfig", "replica_of", "resolve", "simulate"]
 
@@ -155,10 +156,13 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         rate = cfg.rate if cfg.rate is not None else default_rate(workload)
         if rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {rate}")
+    # daily arrivals with --duration and no --num-requests: the requests of that window of the day
+    daily = cfg.arrival == "daily" and rate is not None and cfg.stages is None and cfg.trace_mode == "lengths"
+    window = cfg.duration if daily and cfg.num_requests is None and math.isfinite(rate) else None
     reqs = build_requests(workload, cfg.num_requests, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv,
                           offline=cfg.offline or cfg.concurrency > 0, isl=cfg.isl, osl=cfg.osl,
                           trace_mode=cfg.trace_mode, max_len=model.max_context, stages=cfg.stages,
-                          question_len=cfg.question_len)
+                          question_len=cfg.question_len, window=window)
     trace, arrival = _trace_info(cfg, workload, reqs), cfg.arrival
     if trace is not None and rate is not None:
         arrival = "trace"
@@ -166,7 +170,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
             rate = trace["mean_rate"]
     shared = {f.name: getattr(cfg, f.name) for f in fields(EngineOptions) if f.name in declared()}
     opts = EngineOptions(**shared | dict(
-        watermark=rc.engine.scheduler.watermark, duration=cfg.duration if cfg.duration is not None else math.inf,
+        watermark=rc.engine.scheduler.watermark, duration=math.inf if cfg.duration is None or window else cfg.duration,
         warmup_time=cfg.warmup, frontend=rc.engine.fit_for(rc.hw).frontend_s))
     ecfg = engine_config(opts, rc)
     _check_blocks(cfg, ecfg, reqs)
@@ -186,7 +190,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
                    "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
                    "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30, "rate": rate,
                    "duration": cfg.duration, "num_requests": int(reqs.arrival.size), "arrival": arrival,
-                   "trace": trace})
+                   "trace": trace, "daily": daily_window(reqs.arrival, rate, window_s=window) if daily else None})
     summary = _clean({"config": config, **summary})
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})

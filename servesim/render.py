@@ -22,11 +22,21 @@ def _load(s: dict, c: dict) -> str:
         return f"{c['arrival']} arrivals in {len(c['stages'])} stage(s): {parts}" + n
     if tr and tr["mode"] == "replay":
         rate = "-" if c["rate"] is None else f"{c['rate']:.3g}"
-        return (f"replay of trace {tr['file']}: {tr['num_requests']} requests over {tr['span_s']:.1f} s, "
-                f"mean rate {rate} req/s")
+        return (f"replay of trace {tr['file']}: {tr['num_requests']} requests over {tr['span_s']:.1f} s at the "
+                f"trace's own arrival times, delivered {rate} req/s")
     if tr:
         return f"trace {tr['file']} rescaled to {c['rate']:.3g} req/s" + n
+    if c.get("daily"):
+        return _daily(c["daily"]) + n
     return f"{c['arrival']} arrivals at {c['rate']:.3g} req/s" + n
+
+
+def _daily(d: dict) -> str:
+    """A daily run: the window of the day it sent and the rate it delivered, against the day's mean."""
+    there = "" if d["window_rate"] is None else f", curve mean there {d['window_rate']:.3g} req/s"
+    got = "-" if d["delivered_rate"] is None else f"{d['delivered_rate']:.3g}"
+    return (f"daily arrivals over {d['window']} of the day: delivered {got} req/s{there} "
+            f"(--rate {d['day_mean_rate']:.3g} req/s is the mean over a whole day)")
 
 
 def _workload(c: dict) -> str:

@@ -275,6 +275,7 @@ def test_replay_cli_all_rows_and_header():
         (n - 1) / c["trace"]["span_s"])
     out = run("simulate", "--workload", trace, "--trace-mode", "replay", "--duration", "2s")
     assert f"replay of trace splitwise_conv.csv: {n} requests over" in out and "poisson" not in out
+    assert f"at the trace's own arrival times, delivered {c['rate']:.3g} req/s" in out
     out = run("simulate", "--workload", trace, "--trace-mode", "scale", "--rate", "50", "--duration", "2s")
     assert "trace splitwise_conv.csv rescaled to 50 req/s" in out
     user_error("simulate", "--workload", trace, "--trace-mode", "replay", "--num-requests", str(n + 1),

@@ -140,6 +140,49 @@ def _daily(n, rate, rng, curve, start) -> np.ndarray:
     return np.maximum.accumulate(t)  # guards against rounding at hour edges
 
 
+def daily_intensity_integral(t0: float, t1: float, rate: float, curve=None) -> float:
+    """Expected arrivals of the daily process in [t0, t1] (seconds since midnight of day 0): the
+    integral of rate * m[hour of day] over the window, m piecewise constant per hour."""
+    m = daily_multipliers(DIURNAL_CURVE if curve is None else curve)
+    per_day = rate * HOUR_S * float(m.sum())
+
+    def cumulative(t):
+        day, s = divmod(float(t), DAY_S)
+        h = min(int(s // HOUR_S), 23)
+        return day * per_day + rate * HOUR_S * float(m[:h].sum()) + rate * m[h] * (s - h * HOUR_S)
+
+    return cumulative(t1) - cumulative(t0)
+
+
+def clock_of_day(t: float, end: bool = False) -> str:
+    """Seconds since midnight of day 0 -> 'HH:MM:SS', with '+Nd' from the next day on; the `end` of
+    a window at midnight is '24:00:00' of the day before."""
+    day, s = divmod(int(round(t)), int(DAY_S))
+    if end and s == 0 and day > 0:
+        day, s = day - 1, int(DAY_S)
+    text = f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return text + (f"+{day}d" if day else "")
+
+
+def daily_window(arrival: np.ndarray, rate: float, curve=None, window_s: float | None = None) -> dict:
+    """What a daily run sent: the window of the day (from the first arrival to the last, or
+    ``window_s`` seconds from midnight when the arrivals fill a window), the delivered mean rate
+    (requests / window length; (n - 1) / span for a fixed number of requests) and the curve's mean
+    rate over that window (its expectation), against ``rate``, the curve's mean over a whole day."""
+    n = int(arrival.size)
+    start = 0.0 if window_s is not None else float(arrival[0]) if n else 0.0
+    end = float(window_s) if window_s is not None else float(arrival[-1]) if n else 0.0
+    span = end - start
+    if window_s is not None:
+        delivered = n / span
+    else:
+        delivered = (n - 1) / span if span > 0 else None
+    return {"day_mean_rate": float(rate), "delivered_rate": delivered,
+            "window_rate": float(daily_intensity_integral(start, end, rate, curve) / span) if span > 0 else None,
+            "start_s": start, "end_s": end, "window": f"{clock_of_day(start)}-{clock_of_day(end, end=True)}",
+            "full_window": window_s is not None}
+
+
 def daily_multipliers(curve) -> np.ndarray:
     """24 hourly values -> float64 multipliers with mean 1. Errors name what would work."""
     try:

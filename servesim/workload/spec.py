@@ -300,7 +300,7 @@ def _line_of(text: str, section: str | None, key: str) -> int | None:
 
 def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, process="poisson", cv=1.0,
                    offline=False, isl=None, osl=None, trace_mode="lengths", daily_curve=None,
-                   max_len=None, stages=None, question_len=None) -> Requests:
+                   max_len=None, stages=None, question_len=None, window=None) -> Requests:
     """Draw `n` requests from `spec`.
 
     n           number of requests; None: every row of the trace for `replay`/`scale`, the arrivals
@@ -313,6 +313,8 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
     isl, osl    fixed prompt / output lengths overriding the workload's (with a shared prefix, isl is
                 the whole prompt: system prompt + question)
     question_len  fixed question length after the shared system prompt (needs `spec.shared_prefix`)
+    window      seconds: instead of n requests, the `process` arrivals inside [0, window) (a daily
+                run of `--duration 24h` sends a whole day); excludes n, stages, offline, replay/scale
     trace_mode  lengths: sample lengths from the workload (from a trace, prompt and output are drawn
                          together as rows, keeping their correlation); arrivals from `process`
                 replay:  the trace's first n rows as they are, with the trace's arrival times
@@ -349,6 +351,16 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
         if n == 0:
             raise ConfigError(f"--stages {_show_stages(stages)}: no request arrives in any stage; "
                               "use higher rates or longer stages")
+        prompt, output = _sample_pair(spec, n, prompt_rng, output_rng, joint_rng)
+    elif window is not None:
+        if n is not None or offline or trace_mode != "lengths":
+            raise ConfigError("an arrival window needs open-loop arrivals without --num-requests, --offline "
+                              "or --trace-mode replay/scale")
+        arrival = stage_arrivals(((rate, window),), arr_ss, process=process, cv=cv, daily_curve=curve)
+        n = int(arrival.size)
+        if n == 0:
+            raise ConfigError(f"--duration {window:g}s: no request arrives in it at --rate {rate:g}; "
+                              "use a higher rate or a longer duration")
         prompt, output = _sample_pair(spec, n, prompt_rng, output_rng, joint_rng)
     elif trace_mode == "lengths":
         n = DEFAULT_NUM_REQUESTS if n is None else int(n)
