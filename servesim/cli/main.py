@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from .options import click_option as sim_option
 from .options import simulate_options as _simulate_options
 from ..errors import ServesimError, ServesimWarning
 from ..outputs import Terminated, exit_status, signal_handlers, signal_name
@@ -173,21 +174,20 @@ def _print_tree(d: dict, indent: int = 0):
 
 # ---------------------------------------------------------------- cost
 @main.command()
-@click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path to .toml / HF config.json.")
-@click.option("--hardware", default="h100-sxm", show_default=True)
-@click.option("--tp", default=1, show_default=True, type=int)
-@click.option("--pp", default=1, show_default=True, type=int)
-@click.option("--dtype", default="bf16", show_default=True)
-@click.option("--kv-dtype", default="auto", show_default=True)
-@click.option("--allreduce", default="auto", show_default=True, type=click.Choice(["auto", "ring", "tree"]))
+@sim_option("model")
+@sim_option("hardware")
+@sim_option("tp")
+@sim_option("pp")
+@click.option("--dtype", default="bf16", show_default=True, help="Weight dtype (as --dtype of simulate, but auto).")
+@sim_option("kv_dtype")
+@sim_option("allreduce")
 @click.option("--prefill-tokens", default=0, show_default=True, type=int, help="Prefill tokens in the batch.")
 @click.option("--prefill-seqs", default=1, show_default=True, type=int, help="Sequences the prefill tokens are split over.")
 @click.option("--cached", default=0, show_default=True, type=int, help="Tokens already cached per prefill sequence.")
 @click.option("--decode-seqs", default=0, show_default=True, type=int)
 @click.option("--context", default=1024, show_default=True, type=int, help="Context length of each decode sequence.")
-@click.option("--engine", default="vllm", show_default=True, help="Engine profile: vllm, sglang, trtllm or a .toml path.")
-@click.option("--max-num-seqs", default=256, show_default=True, type=int,
-              help="Sets the engine's largest captured CUDA-graph batch.")
+@sim_option("engine")
+@sim_option("max_num_seqs", default=256, show_default=True, help="Sets the engine's largest captured CUDA-graph batch.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, prefill_seqs, cached, decode_seqs,
          context, engine, max_num_seqs, fmt):
