@@ -15,7 +15,10 @@ def sim_base(config, options: dict):
     with ``options`` (SimConfig field names; an unknown one is an error naming the closest field)."""
     from ..api import SimConfig
     from ..checks import check_sim_config, check_sim_keywords
+    from ..options import options as declared
     check_sim_keywords(options)
+    kinds = declared()   # an int given for a float option is that float, as the CLI reads it (12 -> 12.0)
+    options = {k: float(v) if type(v) is int and kinds[k].kind == "float" else v for k, v in options.items()}
     if config is not None and not isinstance(config, SimConfig):
         raise ConfigError(f"config: expected a servesim.SimConfig, got {type(config).__name__}; "
                           "or pass the options as keywords, e.g. model=..., rate=...")
@@ -252,8 +255,9 @@ def find_max_rate(*, grid=None, tolerance=0.05, margin=0.0, price=None, workers=
     >>> import servesim
     >>> res = servesim.find_max_rate(slo="ttft_p99=1s,tpot_p99=60ms", num_requests=200, isl=256, osl=32,
     ...                              workers=1)
-    >>> res.points.loc[0, "status"], res.points.loc[0, "max_rate"] > 1
-    ('ok', True)
+    >>> p = res.points.iloc[0]
+    >>> p["status"], bool(p["max_rate"] > 1), bool(p["first_failing_rate"] > p["max_rate"])
+    ('ok', True, True)
     """
     base = sim_base(config, options)
     prices = _price_items(price, base)
