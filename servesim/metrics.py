@@ -1,13 +1,13 @@
 """Records -> pandas -> latency percentiles with confidence intervals, throughput, goodput, cost."""
 from __future__ import annotations
 
-import math
 import re
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from . import intervals as CI
 from .engine import codes as C
 from .engine import kernel as K
 from .errors import ConfigError
@@ -46,46 +46,45 @@ def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0) -
     return df
 
 
-def _quantile_ci(sorted_x: np.ndarray, q: float, z: float = 1.96) -> tuple[float, float]:
-    """Distribution-free CI for a quantile from order statistics (Conover 1999, sec. 3.2):
-    ranks n*q -/+ z*sqrt(n*q*(1-q))."""
-    n = sorted_x.shape[0]
-    half = z * math.sqrt(n * q * (1 - q))
-    lo = int(max(0, math.floor(n * q - half)))
-    hi = int(min(n - 1, math.ceil(n * q + half)))
-    return float(sorted_x[lo]), float(sorted_x[hi])
+def run_batch_size(done: pd.DataFrame) -> int:
+    """Batch size for one run's intervals: the largest chosen from its TTFT, TPOT, E2E and queueing
+    series in arrival order (`intervals.batch_size`). All four are read off the same engine state; the
+    slow drift of the decode batch shows clearly in TPOT but hardly in E2E's own autocorrelation."""
+    cols = [done[c].to_numpy(np.float64) for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")]
+    return max(CI.batch_size(x[np.isfinite(x)]) for x in cols)
 
 
-def _mean_ci(x: np.ndarray, batches: int = 20) -> tuple[float, float]:
-    """Batch-means CI for the mean of an autocorrelated output series (Law & Kelton, ch. 9.5)."""
-    n = x.shape[0]
-    if n < 2 * batches:
-        if n < 2:
-            return (float("nan"), float("nan"))
-        s = x.std(ddof=1) / math.sqrt(n)
-        return float(x.mean() - 1.96 * s), float(x.mean() + 1.96 * s)
-    k = n // batches
-    means = x[: k * batches].reshape(batches, k).mean(axis=1)
-    from scipy import stats
-    half = stats.t.ppf(0.975, batches - 1) * means.std(ddof=1) / math.sqrt(batches)
-    return float(means.mean() - half), float(means.mean() + half)
-
-
-def describe(x_s: np.ndarray) -> dict:
-    """mean, p50..p99 in ms, with 95% confidence intervals under "ci95"."""
+def describe(x_s: np.ndarray, batch: int | None = None) -> dict:
+    """mean, p50..p99 in ms, with 95% confidence intervals under "ci95" from batches of `batch`
+    values (default: chosen from x's own autocorrelation); x in arrival order. A bound is None when
+    there are too few values (`intervals.MIN_VALUES`, or a quantile's rank beyond the sample)."""
     x = np.asarray(x_s, dtype=np.float64)
     x = x[np.isfinite(x)]
     keys = ["mean"] + [f"p{p}" for p in PCTS]
     if x.size == 0:
-        return {k: None for k in keys} | {"ci95": {}}
+        return {k: None for k in keys} | {"ci95": {k: [None, None] for k in keys}}
+    b = CI.batch_size(x) if batch is None else batch
     xs = np.sort(x)
     out = {"mean": float(x.mean()) * 1e3}
-    ci = {"mean": [v * 1e3 for v in _mean_ci(x)]}
+    ci = {"mean": _ms(CI.mean_ci(x, b))}
     for p in PCTS:
-        out[f"p{p}"] = float(np.quantile(xs, p / 100.0)) * 1e3
-        ci[f"p{p}"] = [v * 1e3 for v in _quantile_ci(xs, p / 100.0)]
+        out[f"p{p}"] = CI.sorted_quantile(xs, p / 100.0) * 1e3
+        ci[f"p{p}"] = _ms(CI.quantile_ci(x, xs, p / 100.0, b))
     out["ci95"] = ci
     return out
+
+
+def _ms(bounds) -> list:
+    return [None if v is None else v * 1e3 for v in bounds]
+
+
+def _itl_ci(done: pd.DataFrame, batch: int) -> dict:
+    """ci95 of the ITL block: the mean's (a ratio, sum(finish - first) / sum(out - 1)); none for the
+    percentiles, which come from one histogram of all gaps with no order to batch."""
+    d = done[done.output_tokens > 1]
+    num = (d.finish_s - d.first_token_s).to_numpy(np.float64)
+    den = (d.output_tokens - 1).to_numpy(np.float64)
+    return {"mean": _ms(CI.ratio_ci(num, den, batch))} | {f"p{p}": [None, None] for p in PCTS}
 
 
 def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
@@ -169,12 +168,13 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     if unfinished:
         verdict, reason = SATURATED, f"stopped by --duration with {unfinished} requests unfinished"
     saturated = verdict == SATURATED
+    b = run_batch_size(done)
     metrics = {
-        "ttft_ms": describe(done.ttft_s.to_numpy()),
-        "tpot_ms": describe(done.tpot_s.to_numpy()),
-        "itl_ms": histogram_describe(out.gap_hist, itl_mean),
-        "e2e_ms": describe(done.e2e_s.to_numpy()),
-        "queue_ms": describe(done.queue_s.to_numpy()),
+        "ttft_ms": describe(done.ttft_s.to_numpy(), b),
+        "tpot_ms": describe(done.tpot_s.to_numpy(), b),
+        "itl_ms": histogram_describe(out.gap_hist, itl_mean) | {"ci95": _itl_ci(done, b)},
+        "e2e_ms": describe(done.e2e_s.to_numpy(), b),
+        "queue_ms": describe(done.queue_s.to_numpy(), b),
     }
     slo_report, attainment, goodput = evaluate_slo(slo, metrics, done, window)
     return {
@@ -332,9 +332,10 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
         t0 = max(start, warmup)
         t1 = float(d.finish_s.max()) if len(d) else start + float(dur)
         window = max(t1 - t0, 1e-12)
-        itl = {"mean": _itl_mean(d) * 1e3} | {f"p{p}": None for p in PCTS}
-        lat = {"ttft_ms": describe(d.ttft_s.to_numpy()), "tpot_ms": describe(d.tpot_s.to_numpy()), "itl_ms": itl,
-               "e2e_ms": describe(d.e2e_s.to_numpy()), "queue_ms": describe(d.queue_s.to_numpy())}
+        b = run_batch_size(d)
+        itl = {"mean": _itl_mean(d) * 1e3} | {f"p{p}": None for p in PCTS} | {"ci95": _itl_ci(d, b)}
+        lat = {"ttft_ms": describe(d.ttft_s.to_numpy(), b), "tpot_ms": describe(d.tpot_s.to_numpy(), b),
+               "itl_ms": itl, "e2e_ms": describe(d.e2e_s.to_numpy(), b), "queue_ms": describe(d.queue_s.to_numpy(), b)}
         slo_report, attainment, goodput = evaluate_slo(slo, lat, d, window)
         for v in slo_report.values():  # ITL percentiles are whole-run only (one gap histogram)
             if v["value_ms"] is None:
