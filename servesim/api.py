@@ -140,10 +140,34 @@ def replica_of(cfg: SimConfig, model, hw, engine=None):
 
 
 def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, **options) -> Result:
-    """Run one simulation. `simulate(model="llama-3.1-70b", tp=4, rate=8)` or `simulate(SimConfig(...))`.
+    """Run one serving simulation, request by request, as ``servesim simulate``.
 
-    `hardware_profile` / `engine_profile` replace the named profiles with in-memory ones (used by
-    calibration)."""
+    Parameters
+    ----------
+    config : SimConfig, optional
+        Every option of the run (default: ``SimConfig()``); ``**options`` replace its fields.
+    hardware_profile, engine_profile : optional
+        In-memory profiles replacing the named ones (used by calibration).
+    **options
+        The fields of `SimConfig`, as the CLI's options: ``model``, ``hardware``, ``tp``, ``pp``,
+        ``replicas``, ``engine``, ``workload``, ``isl``, ``osl``, ``rate``, ``num_requests``,
+        ``slo`` (a string such as ``"ttft_p99=500ms,tpot_p99=50ms"``), ``seed``, ``price``, ...
+        An unknown keyword is a ConfigError naming the closest field.
+
+    Returns
+    -------
+    Result
+        ``summary`` (the dict ``servesim simulate --format json`` prints: latency percentiles with
+        confidence intervals, throughput, cost, utilisation, the saturation verdict, SLO attainment),
+        ``requests`` (one row per request), ``iterations`` (one row per engine step).
+
+    Examples
+    --------
+    >>> import servesim
+    >>> res = servesim.simulate(rate=4, num_requests=200, isl=256, osl=32, slo="ttft_p99=1s")
+    >>> res.summary["saturation_verdict"], len(res.requests), res.summary["slo_attainment"]
+    ('stable', 200, 1.0)
+    """
     from .checks import sim_config
     cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
     cfg, model, hw, workload = resolve(cfg, hardware_profile)

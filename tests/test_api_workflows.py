@@ -213,7 +213,7 @@ def test_train_layout_defaults_are_the_cli_defaults():
         [click["model"], click["hardware"], click["top"], click["scaling"]] and str(sig["gpus"].default) == click["gpus"]
 
 
-@pytest.mark.parametrize("fn", [servesim.cost, servesim.train, servesim.sweep, servesim.find_max_rate,
+@pytest.mark.parametrize("fn", [servesim.simulate, servesim.cost, servesim.train, servesim.sweep, servesim.find_max_rate,
                                 servesim.plan, servesim.validate])
 def test_docstring_examples_run(fn):
     finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)

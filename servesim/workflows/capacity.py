@@ -10,19 +10,15 @@ from .results import PlanResult, SweepResult
 
 
 # ---------------------------------------------------------------- shared
-def sim_base(config, options: dict):
-    """The simulation options of an API call as a checked SimConfig: ``config`` (or the defaults)
-    with ``options`` (SimConfig field names; an unknown one is an error naming the closest field)."""
-    from ..api import SimConfig
-    from ..checks import check_sim_config, check_sim_keywords
+def sim_base(config, options: dict, where: str):
+    """The simulation options of an API call as a checked SimConfig (`checks.sim_config`): ``config``
+    (or the defaults) with ``options`` (SimConfig field names; an unknown one names the closest field)."""
+    from ..checks import check_sim_keywords, sim_config
     from ..options import options as declared
     check_sim_keywords(options)
     kinds = declared()   # an int given for a float option is that float, as the CLI reads it (12 -> 12.0)
     options = {k: float(v) if type(v) is int and kinds[k].kind == "float" else v for k, v in options.items()}
-    if config is not None and not isinstance(config, SimConfig):
-        raise ConfigError(f"config: expected a servesim.SimConfig, got {type(config).__name__}; "
-                          "or pass the options as keywords, e.g. model=..., rate=...")
-    return check_sim_config(replace(config if config is not None else SimConfig(), **options))
+    return sim_config(config, where, **options)
 
 
 def _text(value):
@@ -218,7 +214,7 @@ def sweep(rates, *, grid=None, price=None, workers=None, dask_scheduler=None, da
     >>> res.points[["tp", "rate", "status"]].values.tolist()
     [[1, 2.0, 'ok'], [1, 8.0, 'ok'], [2, 2.0, 'ok'], [2, 8.0, 'ok']]
     """
-    base = sim_base(config, options)
+    base = sim_base(config, options, "sweep")
     prices = _price_items(price, base)
     spec = prepare_sweep(replace(base, price=None), _text(rates), _grid_items(grid), prices=prices,
                          workers=workers)
@@ -259,7 +255,7 @@ def find_max_rate(*, grid=None, tolerance=0.05, margin=0.0, price=None, workers=
     >>> p["status"], bool(p["max_rate"] > 1), bool(p["first_failing_rate"] > p["max_rate"])
     ('ok', True, True)
     """
-    base = sim_base(config, options)
+    base = sim_base(config, options, "find_max_rate")
     prices = _price_items(price, base)
     spec = prepare_sweep(replace(base, price=None), None, _grid_items(grid), find_max_rate=True,
                          tolerance=tolerance, margin=margin, prices=prices, workers=workers)
@@ -390,7 +386,7 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
         raise ConfigError(f"plan: {searched[0]}={options[searched[0]]!r} is searched by the planner; give the "
                           "candidates as plan(hardware=..., dtype=..., tp=..., pp=..., max_replicas=...)")
     from ..planning import backends
-    base = sim_base(config, options)
+    base = sim_base(config, options, "plan")
     spec = prepare_plan(replace(base, price=None), hardware=_text(hardware), dtype=_text(dtype), tp=_text(tp),
                         pp=_text(pp), max_replicas=max_replicas, max_num_seqs=_text(max_num_seqs),
                         max_num_batched_tokens=_text(max_num_batched_tokens), max_gpus=max_gpus, budget=budget,
