@@ -67,6 +67,15 @@ def _stages_busy(u: dict) -> str:
     return f", stages computing {100 * u['first_stage_busy_fraction']:.0f}% / {100 * later:.0f}%"
 
 
+def _ci(bounds) -> str:
+    """[lo, hi] of a 95% interval, 3-4 significant digits; '?' for a bound the run cannot give, '-' for none."""
+    if not bounds or bounds == [None, None]:
+        return "-"
+    def g(v):
+        return "?" if v is None else f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+    return f"[{g(bounds[0])}, {g(bounds[1])}]"
+
+
 def _verdict(s: dict) -> str:
     """SATURATED, stable or undetermined (`saturated` alone in summaries written before the verdict)."""
     v = s.get("saturation_verdict") or ("saturated" if s["saturated"] else "stable")
@@ -88,12 +97,17 @@ def summary_table(s: dict) -> str:
         lines.append(f"          {_verdict(s)}: {s['saturation_reason']}")
     lines += [
         "",
-        f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}",
+        f"{'latency (ms)':<14}{'mean':>14}{'p50':>14}{'p90':>14}{'p95':>14}{'p99':>14}",
     ]
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),
                        ("queue_ms", "queueing")):
         d = s[key]
-        lines.append(f"{label:<14}" + "".join(f"{_f(d.get(k)):>10}" for k in ("mean", "p50", "p90", "p95", "p99")))
+        stats = ("mean", "p50", "p90", "p95", "p99")
+        lines.append(f"{label:<14}" + "".join(f"{_f(d.get(k)):>14}" for k in stats))
+        if d.get("ci95"):
+            lines.append(f"{'  95% CI':<14}" + "".join(f"{_ci(d['ci95'].get(k)):>14}" for k in stats))
+    if any("?" in line for line in lines if line.startswith("  95% CI")):
+        lines.append("  (? : a bound too few requests can give; run more requests for it)")
     if s.get("stages"):
         lines += _stage_lines(s["stages"])
     t, u, cost = s["throughput"], s["utilization"], s["cost"]
