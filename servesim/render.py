@@ -67,6 +67,14 @@ def _stages_busy(u: dict) -> str:
     return f", stages computing {100 * u['first_stage_busy_fraction']:.0f}% / {100 * later:.0f}%"
 
 
+def _capacity_line(c: dict) -> str:
+    """simulate --capacity: the simulated maximum sustainable rate and the headroom left."""
+    if c["max_sustainable_rate"] is None:
+        return f"capacity    no sustainable rate found ({c['limited_by']})"
+    return (f"capacity    max sustainable {c['max_sustainable_rate']:.3g} req/s (simulated, "
+            f"{c['simulations']} runs), headroom {100 * c['capacity_headroom']:.0f}% at {c['offered_rate']:.3g} req/s")
+
+
 def _ci(bounds) -> str:
     """[lo, hi] of a 95% interval, 3-4 significant digits; '?' for a bound the run cannot give, '-' for none."""
     if not bounds or bounds == [None, None]:
@@ -122,6 +130,8 @@ def summary_table(s: dict) -> str:
         f"cost        ${cost['usd_per_hour']:.2f}/h, ${_f(cost['usd_per_million_output_tokens'], '{:.3f}')} per M output tokens, "
         f"${_f(cost['usd_per_million_input_tokens'], '{:.3f}')} per M input tokens",
     ]
+    if s.get("capacity"):
+        lines.append(_capacity_line(s["capacity"]))
     if s.get("slo"):
         lines.append("")
         for k, v in s["slo"].items():

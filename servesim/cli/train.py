@@ -291,7 +291,8 @@ def _result_dict(res) -> dict:
 @click.option("--global-batch", default=1024, show_default=True, type=int, help="Sequences per step.")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp8"]),
               help="Training precision (bf16 where the chip has no fp8).")
-@click.option("--serve-tp", default=None, type=int, help="Serving TP [default: smallest that fits].")
+@click.option("--serve-tp", default=None, type=int,
+              help="Serving TP [default: the cheapest of 1, 2, 4, 8 meeting the SLO, as servesim plan finds].")
 @click.option("--workload", default="chat", show_default=True, help="Serving workload.")
 @click.option("--rate", default=None, type=float, help="Serving request rate (req/s).")
 @click.option("--slo", default="ttft_p99=1s,tpot_p99=60ms", show_default=True, type=SLO, help="Serving SLO.")
@@ -302,6 +303,9 @@ def _result_dict(res) -> dict:
 def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, serve_tp, workload, rate, slo,
             num_requests, fmt, outdir):
     """Training GPU-hours and $ against serving $ per million tokens, and the break-even.
+
+    Serving is priced on each hardware's cheapest deployment that meets --slo at --rate (servesim
+    plan: TP and replicas searched, checked on a second seed); each row says which deployment.
 
     \b
     Examples:
@@ -317,7 +321,7 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
     check_int(gpus, "--gpus")
     check_int(seq_len, "--seq-len")
     check_int(global_batch, "--global-batch")
-    check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it for the smallest TP that fits)")
+    check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it to search TP 1, 2, 4, 8)")
     check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
     check_int(num_requests, "--num-requests")
     hws = [h.strip() for h in hardware.split(",") if h.strip()]
@@ -331,16 +335,32 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
             out.write(lambda d: df.to_csv(d / "compare.csv", index=False))
             out.write(lambda d: training_compare_figure(df, d / "compare.png", f"{model}: {train_tokens:.3g} training tokens"))
     if fmt == "json":
-        click.echo(json.dumps({"model": model, "train_tokens": train_tokens, "rows": df.to_dict(orient="records")},
-                              indent=2))
+        rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+                for r in df.to_dict(orient="records")]
+        click.echo(json.dumps({"model": model, "train_tokens": train_tokens, "rows": rows}, indent=2))
         return
-    click.echo(f"{model}: train on {train_tokens:.3g} tokens with {gpus} GPUs; serve {workload} at SLO {slo}")
+    load = f"{rate:g} req/s" if rate is not None else "the workload's rate"
+    click.echo(f"{model}: train on {train_tokens:.3g} tokens with {gpus} GPUs; serve {workload} at {load} "
+               f"within SLO {slo}, on the cheapest deployment meeting it (servesim plan)")
     for _, r in df.iterrows():
         click.echo(f"\n{r['hardware']}  ({r['usd_per_gpu_hour']:.2f} $/GPU-h)\n"
                    f"  training   {r['train_layout']}, MFU {r['train_mfu'] * 100:.1f}%, {r['train_days']:.1f} days, "
                    f"{r['train_gpu_hours']:,.0f} GPU-h, ${r['train_usd']:,.0f}\n"
-                   f"  serving    TP {r['serve_tp']}, ${r['serve_usd_per_m_output']:.3f} per M output tokens "
-                   f"(SLO attainment {r['slo_attainment'] if r['slo_attainment'] is not None else float('nan'):.2f})\n"
-                   f"  break-even {r['break_even_output_tokens']:.3g} served output tokens")
+                   f"  serving    {_serving_line(r)}\n"
+                   f"  break-even {_break_even(r['break_even_output_tokens'])}")
+
+
+def _serving_line(r) -> str:
+    """The cheapest deployment meeting the SLO on this hardware, or why there is none."""
+    if not r["serve_meets_slo"]:
+        return r["serve_config"]
+    head = r["serve_capacity_headroom"]
+    return (f"{r['serve_config']}, ${r['serve_usd_per_m_output']:.3f} per M output tokens (the cheapest "
+            f"meeting the SLO" + ("" if head is None or head != head else f"; capacity headroom {100 * head:.0f}%")
+            + ")")
+
+
+def _break_even(v) -> str:
+    return "-" if v is None or v != v else f"{v:.3g} served output tokens"
 
 

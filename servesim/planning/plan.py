@@ -214,15 +214,12 @@ def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
                   "headroom": sim["headroom"], "ttft_ms_p99": s["ttft_ms"]["p99"], "tpot_ms_p99": s["tpot_ms"]["p99"],
                   "e2e_ms_p99": s["e2e_ms"]["p99"],
                   "output_tokens_per_s_per_gpu": s["throughput"]["output_tokens_per_s_per_gpu"],
-                  "busy_fraction": busy,
-                  "cost_split": {"busy_usd_per_hour": cost["usd_per_hour"] * busy,
-                                 "idle_usd_per_hour": cost["usd_per_hour"] * (1.0 - busy)},
-                  "metrics": _metrics(s)})
+                  "busy_fraction": busy, "metrics": _metrics(s)})
     return c
-    from ..checks import check_sim_config
 
 
 def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanResult:
+    from ..checks import check_sim_config
     from ..config import list_hardware
     from ..options import default_rate
     from ..workload import load_workload
@@ -307,11 +304,24 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     order = {"meets_slo": 0, "misses_slo": 1, "pruned": 2, "over_budget": 3, "infeasible": 4, "error": 5}
     candidates.sort(key=lambda c: (order.get(c["status"], 9),) + _cost_order(c))
     best, n_extra = _choose(candidates, meeting, base, spec, backend)
+    if best:
+        n_extra += _capacity(best, base)
     why = None if best else why_not(candidates, rate)
     if best and spec.daily_rates:
         best["daily"], extra = daily_cost(best, base, spec, backend)
         n_extra += extra
     return PlanResult(best, candidates, why, n_sims + n_extra, space)
+
+
+def _capacity(best, base) -> int:
+    """Add the simulated maximum sustainable rate of the chosen deployment, its capacity_headroom and
+    the $/hour split into capacity the load uses and headroom held for the SLO (`capacity`)."""
+    from .capacity import capacity, cost_split
+    lay = {k: best[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+    cap = capacity(replace(base, price=best["usd_per_gpu_hour"], replicas=best["replicas"], **lay), base.rate)
+    best.update({"max_sustainable_rate": cap["max_sustainable_rate"], "capacity_headroom": cap["capacity_headroom"],
+                 "cost_split": cost_split(best["usd_per_hour"], cap["capacity_headroom"])})
+    return cap["simulations"]
 
 
 def _cost_order(c):
@@ -342,7 +352,7 @@ def _choose(candidates, meeting, base, spec, backend):
         best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
                                   "usd_per_million_output_tokens")}
         best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
-                                       "usd_per_million_input_tokens", "headroom", "cost_split", "checks")})
+                                       "usd_per_million_input_tokens", "headroom", "checks")})
         best["margin"] = spec.margin
         best["rate"] = base.rate
         best["metrics"] = c["metrics"]

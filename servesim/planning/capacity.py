@@ -1,0 +1,57 @@
+"""Capacity headroom: how far the offered load is below the most the deployment sustains.
+
+The maximum sustainable rate is simulated, not bounded: the highest arrival rate whose run is not
+saturated (the waiting queue does not grow, `metrics` saturation verdict) and rejects nothing,
+found by `maxrate.find_max_rate` with no SLO (bracketing from the offered rate, then bisection to
+within `tol`). capacity_headroom = 1 - offered / max sustainable rate, i.e. 1 - rho with rho the
+utilisation lambda / mu of a single-server queue (Kleinrock 1975, vol. 1, sec. 2.1); it is the
+share of the deployment's throughput capacity the load leaves unused. `busy_fraction` cannot say
+this: under continuous batching some request is almost always in flight, whatever the load.
+
+It costs about 5-8 simulations, so `simulate` computes it only when asked (`--capacity`); `plan`
+computes it for the deployment it picks, and `report` shows it there.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .maxrate import find_max_rate
+
+TOL = 0.05
+
+
+def capacity(cfg, offered_rate: float, tol: float = TOL) -> dict:
+    """{'offered_rate', 'max_sustainable_rate', 'first_saturated_rate', 'capacity_headroom',
+    'simulations', 'limited_by'} of the deployment `cfg` (a SimConfig) at `offered_rate` req/s.
+    `max_sustainable_rate` is None (and the headroom too) when no rate is sustainable."""
+    row = find_max_rate(replace(cfg, slo=None), tol=tol, start=offered_rate)
+    top = row["max_rate"]
+    return {"offered_rate": offered_rate, "max_sustainable_rate": top,
+            "first_saturated_rate": row["first_failing_rate"],
+            "capacity_headroom": capacity_headroom(offered_rate, top),
+            "simulations": row["simulations"], "limited_by": row["limited_by"] or row.get("error") or ""}
+
+
+def capacity_headroom(offered_rate: float, max_rate: float | None) -> float | None:
+    """1 - offered / max sustainable rate; None when the maximum is unknown."""
+    if not max_rate:
+        return None
+    return 1.0 - offered_rate / max_rate
+
+
+def cost_split(usd_per_hour: float, headroom: float | None) -> dict | None:
+    """$/hour of the capacity the load uses and of the capacity held unused (the headroom)."""
+    if headroom is None:
+        return None
+    used = min(max(1.0 - headroom, 0.0), 1.0)
+    return {"used_usd_per_hour": usd_per_hour * used, "headroom_usd_per_hour": usd_per_hour * (1.0 - used)}
+
+
+def check_open_loop(cfg) -> None:
+    """The search varies the arrival rate, so it needs an open-loop load at one rate."""
+    from ..errors import ConfigError
+    for bad, what in ((cfg.offline, "--offline"), (cfg.concurrency, f"--concurrency {cfg.concurrency}"),
+                      (cfg.stages, "--stages"), (cfg.trace_mode == "replay", "--trace-mode replay")):
+        if bad:
+            raise ConfigError(f"--capacity varies the arrival rate, so it does not work with {what}; "
+                              "give an open-loop --rate (or none, for the workload's rate)")
