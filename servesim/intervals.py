@@ -51,7 +51,7 @@ def cutoff_lag(rho: np.ndarray, n: int) -> int:
 def batch_corr(rho: np.ndarray, m: int, b: np.ndarray) -> np.ndarray:
     """Correlation of adjacent means of batches of size b, for autocorrelations rho_1..rho_m (zero beyond):
     Var = (1/b^2) sum_{|j|<b} (b - |j|) rho_j, Cov = (1/b^2) sum_{j=1}^{2b-1} min(j, 2b - j) rho_j."""
-    r = np.zeros(2 * int(b.max()) + 1)
+    r = np.zeros(max(2 * int(b.max()), m) + 1)
     r[1:m + 1] = rho[1:m + 1]
     j = np.arange(r.size)
     cr, cs = np.cumsum(r), np.cumsum(j * r)         # R(t) = sum_{j<=t} rho_j, S(t) = sum_{j<=t} j rho_j
