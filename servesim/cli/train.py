@@ -1,54 +1,10 @@
-"""`servesim train` and `servesim compare`: thin click commands over servesim.training."""
+"""`servesim train` and `servesim compare`: thin click commands over servesim.workflows.training (the
+functions behind `servesim.train` and `servesim.compare`)."""
 from __future__ import annotations
-
-import json
 
 import click
 
-from ..errors import ConfigError
 from .options import SLO
-
-
-def _int_list(value: str, option: str) -> list[int]:
-    from ..checks import INT64_MAX
-    try:
-        out = [int(v) for v in str(value).split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{option}: expected an integer or a comma-separated list such as 64,128,256, "
-                          f"got {value!r}") from None
-    if not out or any(v < 1 or v > INT64_MAX for v in out):
-        raise ConfigError(f"{option}: expected positive integers (at most {INT64_MAX:,}), got {value!r}")
-    return out
-
-
-def _check_train_options(kw: dict) -> None:
-    """Every layout option an integer in range before anything loads (0 is never "default")."""
-    from ..checks import check_int
-    for name in ("tp", "pp", "cp", "ep", "vp", "seq_len", "micro_batch", "global_batch"):
-        check_int(kw[name], "--" + name.replace("_", "-"))
-    check_int(kw["dp"], "--dp", none_ok=True, hint=" (omit it for GPUs / (tp x pp x cp))")
-    check_int(kw["zero"], "--zero", ge=0, le=3, none_ok=True, hint=" (ZeRO stage 0-3; omit it for the framework's)")
-
-
-def _offload(value) -> int:
-    if value is None:
-        return 0
-    text = str(value).strip().lower()
-    if text == "all":
-        return 1 << 30  # every layer of every chunk
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(f"--offload-activations: expected a layer count per model chunk or 'all', got {value!r}") from None
-    if n < 0:
-        raise ConfigError(f"--offload-activations: expected a layer count >= 0 or 'all', got {value!r}")
-    return n
-
-
-def _modules(value) -> tuple[str, ...]:
-    if not value:
-        return ()
-    return tuple(v.strip() for v in str(value).split(",") if v.strip())
 
 
 def _train_options(f):
@@ -176,21 +132,6 @@ def _render_result(d: dict) -> str:
     return "\n".join(lines)
 
 
-def _base_layout(kw, dp=1):
-    from ..training import TrainLayout
-    return TrainLayout(tp=kw["tp"], pp=kw["pp"], dp=dp, cp=kw["cp"], ep=kw["ep"], vp=kw["vp"], sp=kw["sp"],
-                       tp_overlap=kw["tp_overlap"], zero=kw["zero"], recompute=kw["recompute"],
-                       dtype=kw["dtype"], seq_len=kw["seq_len"], micro_batch=kw["micro_batch"],
-                       global_batch=kw["global_batch"], first_stage_layers=kw["first_stage_layers"],
-                       last_stage_layers=kw["last_stage_layers"], account_for_embedding=kw["account_for_embedding"],
-                       account_for_loss=kw["account_for_loss"], recompute_layers=kw["recompute_layers"],
-                       recompute_modules=_modules(kw["recompute_modules"]),
-                       offload_layers=_offload(kw["offload_activations"]), cp_comm=kw["cp_comm"],
-                       framework=kw["framework"], fp8_recipe=kw["fp8_recipe"], attention=kw["attention"],
-                       dropout=kw["dropout"], dp_overlap=kw["dp_overlap"], fsdp_prefetch=kw["fsdp_prefetch"],
-                       fsdp_param_bytes=int(kw["fsdp_param_bytes"]) if kw["fsdp_param_bytes"] else None)
-
-
 @click.command()
 @_train_options
 @click.option("--search", is_flag=True, help="Find the fastest layout that fits (ignores the layout options).")
@@ -219,66 +160,31 @@ def train(search, top, scaling, fmt, outdir, **kw):
       servesim train --model llama-3.1-405b --gpus 512 --tp 8 --pp 8 --vp 8 --cp 2 --sp --framework nemo --account-for-embedding --account-for-loss --seq-len 8192 --global-batch 256 --recompute auto
       servesim train --model llama-3.1-70b --hardware gb200-nvl72 --gpus 64 --zero 3 --micro-batch 2 --seq-len 8192 --global-batch 128 --dtype fp8 --offload-activations all
     """
-    from ..checks import check_int
-    from ..config import load_hardware, load_model
-    from ..outputs import output_dir
-
-    _check_train_options(kw)
-    check_int(top, "--top", hint=" (alternatives shown by --search)")
-    gpus = _int_list(kw["gpus"], "--gpus")
-    model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
-    with output_dir(outdir, "-o", "servesim train") as out:
-        _train(model, hw, gpus, kw, search, top, scaling, fmt, out)
-
-
-def _train(model, hw, gpus, kw, search, top, scaling, fmt, out):
-    from ..training import derive_dp, train_step
-    from ..training.layout import check_model_split
     from ..figures import training_scaling_figure
-    from ..training.search import results_frame, scaling_table, search_layouts
-    if len(gpus) > 1:
-        df = scaling_table(model, hw, gpus, _base_layout(kw), mode=scaling, search=search)
-        if out is not None:
-            out.write(lambda d: df.to_csv(d / "scaling.csv", index=False))
-            out.write(lambda d: training_scaling_figure(df, d / "scaling.png", f"{model.name} on {hw.name}, {scaling} scaling"))
-        if fmt == "json":
-            click.echo(json.dumps({"scaling": scaling, "rows": df.to_dict(orient="records")}, indent=2))
-        else:
-            click.echo(f"{model.name} on {hw.name}: {scaling} scaling (efficiency = tokens/s/GPU vs {gpus[0]} GPUs)")
-            click.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        return
-    g = gpus[0]
-    if search:
-        results = search_layouts(model, hw, g, _base_layout(kw), top=top)
-        df = results_frame(results)
-        if out is not None:
-            out.write(lambda d: df.to_csv(d / "search.csv", index=False))
-        if fmt == "json":
-            best = _result_dict(results[0])
-            click.echo(json.dumps({"best": best, "alternatives": df.to_dict(orient="records")}, indent=2))
-        else:
-            click.echo(_render_result(_result_dict(results[0])))
-            click.echo("\nfastest layouts that fit:")
-            click.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        return
-    check_model_split(model, _base_layout(kw))
-    dp = kw["dp"] if kw["dp"] is not None else derive_dp(g, kw["tp"], kw["pp"], kw["cp"])
-    res = train_step(model, hw, _base_layout(kw, dp=dp), gpus=g)
-    d = _result_dict(res)
-    if out is not None:
-        out.write(lambda folder: (folder / "train.json").write_text(json.dumps(d, indent=2) + "\n"))
+    from ..outputs import output_dir
+    from ..workflows.training import execute_train, prepare_train
+    spec = prepare_train(search=search, top=top, scaling=scaling, **kw)
+    model, hw = spec.model, spec.hardware
+    with output_dir(outdir, "-o", "servesim train") as out:
+        res = execute_train(spec)
+        if out is not None and res.mode == "scaling":
+            out.write(lambda d: res.table.to_csv(d / "scaling.csv", index=False))
+            out.write(lambda d: training_scaling_figure(res.table, d / "scaling.png",
+                                                        f"{model.name} on {hw.name}, {scaling} scaling"))
+        elif out is not None and res.mode == "search":
+            out.write(lambda d: res.table.to_csv(d / "search.csv", index=False))
+        elif out is not None:
+            out.write(lambda folder: (folder / "train.json").write_text(res.to_json() + "\n"))
     if fmt == "json":
-        click.echo(json.dumps(d, indent=2))
+        click.echo(res.to_json())
+    elif res.mode == "scaling":
+        click.echo(f"{model.name} on {hw.name}: {scaling} scaling (efficiency = tokens/s/GPU vs {spec.gpus[0]} GPUs)")
+        click.echo(res.table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     else:
-        click.echo(_render_result(d))
-
-
-def _result_dict(res) -> dict:
-    d = res.as_dict()
-    d["global_batch_microbatches"] = res.extra["num_microbatches"]
-    d["recompute_asked"] = res.extra.get("recompute_asked")
-    d["layers_per_rank"] = res.extra.get("layers_per_rank", [])
-    return d
+        click.echo(_render_result(res.summary))
+        if res.mode == "search":
+            click.echo("\nfastest layouts that fit:")
+            click.echo(res.table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 @click.command()
@@ -312,32 +218,20 @@ def compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dtype, s
       servesim compare --model llama-3.1-8b --train-tokens 15e12 --gpus 1024
       servesim compare --model llama-3.1-8b --hardware h100-sxm,a100-sxm-80gb,h200-sxm --rate 4 -o cmp/
     """
-    from ..checks import check_float, check_int
-    from ..outputs import output_dir
-    from ..training import TrainLayout
     from ..figures import training_compare_figure
-    from ..training.compare import compare_costs
-    check_float(train_tokens, "--train-tokens", gt=0.0)
-    check_int(gpus, "--gpus")
-    check_int(seq_len, "--seq-len")
-    check_int(global_batch, "--global-batch")
-    check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it to search TP 1, 2, 4, 8)")
-    check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
-    check_int(num_requests, "--num-requests")
-    hws = [h.strip() for h in hardware.split(",") if h.strip()]
-    if not hws:
-        raise ConfigError("--hardware is empty; give a profile or a comma list such as h100-sxm,h200-sxm")
-    base = TrainLayout(seq_len=seq_len, global_batch=global_batch, dtype=dtype)
+    from ..outputs import output_dir
+    from ..workflows.training import check_compare, compare as run
+    args = dict(train_tokens=train_tokens, gpus=gpus, seq_len=seq_len, global_batch=global_batch, dtype=dtype,
+                serve_tp=serve_tp, workload=workload, rate=rate, slo=slo, num_requests=num_requests)
+    check_compare(model, hardware, **args)
     with output_dir(outdir, "-o", "servesim compare") as out:
-        df = compare_costs(model, hws, gpus, train_tokens, base, serve_tp=serve_tp, workload=workload, rate=rate,
-                           slo=slo, num_requests=num_requests)
+        res = run(model, hardware, **args)
+        df = res.rows
         if out is not None:
             out.write(lambda d: df.to_csv(d / "compare.csv", index=False))
             out.write(lambda d: training_compare_figure(df, d / "compare.png", f"{model}: {train_tokens:.3g} training tokens"))
     if fmt == "json":
-        rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
-                for r in df.to_dict(orient="records")]
-        click.echo(json.dumps({"model": model, "train_tokens": train_tokens, "rows": rows}, indent=2))
+        click.echo(res.to_json())
         return
     load = f"{rate:g} req/s" if rate is not None else "the workload's rate"
     click.echo(f"{model}: train on {train_tokens:.3g} tokens with {gpus} GPUs; serve {workload} at {load} "

@@ -163,7 +163,9 @@ class CompareResult:
     summary: dict
 
     def to_json(self) -> str:
-        return dumps({**self.summary, "rows": self.rows.to_dict(orient="records")})
+        rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}   # NaN -> null
+                for r in self.rows.to_dict(orient="records")]
+        return dumps({**self.summary, "rows": rows})
 
 
 @dataclass(frozen=True)
