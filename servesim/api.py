@@ -214,7 +214,9 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
                    "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
                    "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30, "rate": rate,
                    "duration": cfg.duration, "num_requests": int(reqs.arrival.size), "arrival": arrival,
-                   "trace": trace, "daily": daily_window(reqs.arrival, rate, window_s=window) if daily else None})
+                   "trace": trace})
+    if daily:   # the window of the day sent and the delivered rate (only for daily runs)
+        config["daily"] = daily_window(reqs.arrival, rate, window_s=window)
     summary = _clean({"config": config, **summary})
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
