@@ -1,6 +1,8 @@
 """`servesim report`: a tiny report end to end through the CLI, and its user errors."""
 import re
 
+import pandas as pd
+import pytest
 from click.testing import CliRunner
 
 from servesim.cli import main
@@ -33,6 +35,16 @@ def test_tiny_report(tmp_path):
     assert "### h100-sxm: own fit" in text
     for csv in ("sweep.csv", "breakdown.csv", "plan_candidates.csv", "compare.csv"):
         assert (out / csv).is_file()
+    # serving is priced on the cheapest planned deployment that meets the SLO, and says which one;
+    # the sweep runs that deployment's TP
+    cand = pd.read_csv(out / "plan_candidates.csv")
+    meets = cand[cand.status == "meets_slo"].sort_values(["usd_per_hour", "num_gpus"]).iloc[0]
+    row = pd.read_csv(out / "compare.csv").iloc[0]
+    assert row.serve_meets_slo and row.serve_tp == meets.tp and row.serve_replicas == meets.replicas
+    assert row.serve_usd_per_m_output == pytest.approx(meets.usd_per_million_output_tokens)
+    assert f"TP={meets.tp} x" in row.serve_config
+    assert set(pd.read_csv(out / "sweep.csv").tp) == {meets.tp}
+    assert "capacity headroom of" in text and "sustains up to" in text
 
 
 def test_bad_hardware_is_one_line_exit_2(tmp_path):

@@ -2,14 +2,20 @@
 
 Sections and the library function behind each:
 
-- latency / throughput vs load: `planning.sweep.run_sweep` per hardware at the smallest TP in
-  1, 2, 4, 8 whose weights and a KV cache fit; figures from `planning.figures.sweep_figures`;
+- cheapest configurations meeting the SLO: `planning.plan.plan` at the target rate, once per
+  hardware (each hardware's cheapest deployment, checked on a second seed, with its simulated
+  capacity headroom); the cheapest of these is the report's answer;
+- latency / throughput vs load: `planning.sweep.run_sweep` on one replica of each hardware's
+  cheapest layout meeting the SLO (the same family for every hardware: its own cheapest; the
+  smallest TP in 1, 2, 4, 8 whose weights and a KV cache fit where nothing meets the SLO); figures
+  from `planning.figures.sweep_figures`;
 - bottleneck of a typical iteration: `costmodel.build_replica(...).iteration(Batch(...))` at the
   workload's mean prompt and output lengths, for three batches (a lone prefill, a decode batch and
   the steady-state mix of decodes plus the prefill tokens that keep them in flight, B / osl new
-  requests per iteration), with B the mean batch size simulated at the target rate;
-- cheapest configurations meeting the SLO: `planning.plan.plan` at the target rate;
-- training vs serving cost: `training.compare.compare_costs`;
+  requests per iteration), with B the mean batch size simulated at the target rate, on the same
+  layouts as the sweep;
+- training vs serving cost: `training.compare.compare_costs`, serving priced on each hardware's
+  cheapest deployment meeting the SLO (the plan above);
 - validation status: `report.validation.profile_status` (own fit or `efficiency_from`, quoted errors).
 
 Default sweep rates: 6 geometric rates from 0.15 to 1.2 x the largest per-replica capacity bound
@@ -153,20 +159,41 @@ def breakdown_section(base, tps: dict, rate: float, isl: float, osl: float) -> t
     return pd.DataFrame(rows), batch_sizes
 
 
-def plan_section(base, hardware, rate: float, max_gpus: int, dtype: str):
+def plan_section(base, hardware, rate: float, max_gpus: int, dtype: str) -> dict:
+    """{hardware: PlanResult}: each hardware's cheapest deployment meeting the SLO at `rate`."""
     from ..planning.plan import PlanSpec, plan
-    return plan(PlanSpec(base=replace(base, rate=rate), hardware=tuple(hardware), dtypes=(dtype,),
-                         max_gpus=max_gpus))
+    return {h: plan(PlanSpec(base=replace(base, rate=rate), hardware=(h,), dtypes=(dtype,), max_gpus=max_gpus))
+            for h in hardware}
 
 
-def compare_section(spec: ReportSpec, rate: float) -> tuple[pd.DataFrame | None, str]:
+def cheapest(plans: dict) -> dict | None:
+    """The cheapest of the hardware's best deployments (plan's order: $/h, then fewer GPUs)."""
+    bests = [p.best for p in plans.values() if p.best]
+    return min(bests, key=lambda b: (b["usd_per_hour"], b["num_gpus"])) if bests else None
+
+
+def sweep_layouts(base, plans: dict) -> tuple[dict, dict]:
+    """({hardware: TP}, {hardware: why}): each hardware's cheapest layout meeting the SLO, else the
+    smallest TP that fits."""
+    from ..training.compare import serving_config
+    tps, why = {}, {}
+    for h, p in plans.items():
+        if p.best:
+            tps[h] = p.best["tp"]
+            why[h] = f"the layout of its cheapest deployment meeting the SLO, {serving_config(p.best)}"
+        else:
+            tps[h] = serving_tp(base, h)
+            why[h] = "no deployment meets the SLO, so the smallest TP whose weights and a KV cache fit"
+    return tps, why
+
+
+def compare_section(spec: ReportSpec, plans: dict) -> tuple[pd.DataFrame | None, str]:
     from ..training import TrainLayout
-    from ..training.compare import compare_costs
+    from ..training.compare import compare_costs, serving_row
+    serving = {h: serving_row(p.best, p.why_not) for h, p in plans.items()}
     try:
         df = compare_costs(spec.model, list(spec.hardware), spec.train_gpus, spec.train_tokens,
-                           TrainLayout(seq_len=8192, global_batch=1024), workload=spec.workload, rate=rate,
-                           dtype=spec.dtype,
-                           slo=spec.slo, num_requests=spec.num_requests, seed=spec.seed)
+                           TrainLayout(seq_len=8192, global_batch=1024), serving=serving)
     except InfeasibleError as e:
         return None, str(e)
     return df, ""
@@ -244,10 +271,13 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     base = _base(spec)
-    tps = {h: serving_tp(base, h) for h in spec.hardware}
     isl, osl = mean_lengths(base)
-    rates = list(spec.rates) if spec.rates else default_rates(base, tps, (isl, osl))
     rate = spec.rate if spec.rate is not None else default_rate(workload)
+    say("plan")
+    plans = plan_section(base, spec.hardware, rate, spec.max_gpus, spec.dtype)
+    best = cheapest(plans)
+    tps, tp_why = sweep_layouts(base, plans)
+    rates = list(spec.rates) if spec.rates else default_rates(base, tps, (isl, osl))
     if command is None:
         command = regenerate_command(replace(spec, rates=tuple(rates), rate=rate), str(shown_as or outdir))
 
@@ -259,14 +289,14 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     brk, bsizes = breakdown_section(base, tps, rate, isl, osl)
     brk.to_csv(out / "breakdown.csv", index=False)
     brk_png = figures.breakdown_figure(brk, out / "breakdown.png").name
-    say("plan")
-    planned = plan_section(base, spec.hardware, rate, spec.max_gpus, spec.dtype)
+    candidates = sorted((c for p in plans.values() for c in p.candidates), key=_candidate_order)
+    n_plan_sims = sum(p.simulations for p in plans.values())
     cand = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "cost_split", "checks")}
-                         for c in planned.candidates])
+                         for c in candidates])
     cand.to_csv(out / "plan_candidates.csv", index=False)
     pareto = [p.name for p in pareto_figure(cand, out)] if "ttft_ms_p99" in cand.columns else []
     say("compare")
-    cmp_df, cmp_err = compare_section(spec, rate)
+    cmp_df, cmp_err = compare_section(spec, plans)
     cmp_png = None
     if cmp_df is not None:
         cmp_df.to_csv(out / "compare.csv", index=False)
@@ -289,12 +319,14 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
               f"mean output {osl:.0f} tokens (over {min(spec.num_requests, 4000)} sampled requests, seed {spec.seed})\n"
               f"- SLO {md_code(str(spec.slo))}; target load {rate:g} req/s "
               f"({'--rate' if spec.rate is not None else 'the workload default'})\n"
-              f"- serving layout per hardware (smallest TP in 1, 2, 4, 8 whose weights and a KV cache fit): "
-              + ", ".join(f"{md_text(h)} TP={t}" for h, t in tps.items()) + "\n"
+              f"- serving layout per hardware for the sweep and the iteration breakdown: "
+              + "; ".join(f"{md_text(h)} TP={t} ({md_text(tp_why[h])})" for h, t in tps.items()) + "\n"
               f"- {spec.num_requests} Poisson requests per simulation, seed {spec.seed}\n")
 
     md.append("## Latency and throughput vs load\n")
-    md.append(f"One replica per hardware, swept over {', '.join(f'{r:g}' for r in rates)} req/s"
+    md.append("One replica per hardware, each at the TP of its own cheapest deployment meeting the SLO "
+              "(" + ", ".join(f"{md_text(h)} TP={t}" for h, t in tps.items()) + "), swept over "
+              f"{', '.join(f'{r:g}' for r in rates)} req/s"
               + ("" if spec.rates else " (default: 0.15 to 1.2 x the largest capacity bound of one replica)")
               + ". Red dashed lines: the SLO targets; circled: the knee (the last rate whose TTFT p99 is "
               "within 2x its low-load value, unsaturated).\n")
@@ -322,19 +354,22 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                              "gemm_bound": "GEMM bound", "bottleneck": "bottleneck"}) + "\n")
 
     md.append("## Cheapest configurations meeting the SLO\n")
-    md.append(f"`servesim plan` at {rate:g} req/s over {md_text(', '.join(spec.hardware))}, {md_text(spec.dtype)}, TP 1/2/4/8, "
-              f"up to {spec.max_gpus} GPUs, 10% headroom under each target; {planned.simulations} simulations.\n")
-    if planned.best:
-        b = planned.best
+    md.append(f"`servesim plan` at {rate:g} req/s on each of {md_text(', '.join(spec.hardware))}, {md_text(spec.dtype)}, "
+              f"TP 1/2/4/8, up to {spec.max_gpus} GPUs, 10% headroom under each target; {n_plan_sims} simulations.\n")
+    for h, p in plans.items():
+        md.append(f"- {md_text(h)}: " + (_best_line(p.best) if p.best else f"nothing meets the SLO: {md_text(p.why_not)}"))
+    md.append("")
+    if best:
+        b = best
         md.append(f"**Cheapest:** {md_text(b['hardware'])} TP={b['tp']} x {_n(b['replicas'], 'replica')} ({_n(b['num_gpus'], 'GPU')}), "
                   f"${b['usd_per_hour']:.2f}/h, ${b['usd_per_million_output_tokens']:.3g} per million output "
                   f"tokens, TTFT p99 {b['metrics']['ttft_ms']['p99']:.0f} ms, TPOT p99 "
                   f"{b['metrics']['tpot_ms']['p99']:.1f} ms; it also meets the SLO with seed "
                   f"{b['checks']['other_seed']['seed']}" + (
                       f", and {_n(b['replicas'] - 1, 'replica')} do not" if "one_replica_fewer" in b["checks"] else "")
-                  + ".\n")
+                  + f". {_capacity_sentence(b)}\n")
     else:
-        md.append(f"**No configuration meets the SLO:** {md_text(planned.why_not)}\n")
+        md.append("**No configuration meets the SLO** on any of the hardware (reasons above).\n")
     meets = cand[cand.status == "meets_slo"] if "status" in cand.columns else cand.iloc[:0]
     if len(meets):
         md.append(md_table(meets.head(8), {"hardware": "hardware", "dtype": "dtype", "tp": "TP",
@@ -354,14 +389,15 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
         md.append(f"Not computed: {md_text(cmp_err)}\n")
     else:
         md.append(f"Training on {spec.train_tokens:.3g} tokens with {spec.train_gpus} GPUs (fastest layout "
-                  f"that fits, bf16, sequence 8192, global batch 1024) against serving at {rate:g} req/s "
-                  "on one replica (`servesim compare`). Break-even: the served output tokens whose serving "
-                  "spend equals the training spend.\n")
+                  f"that fits, bf16, sequence 8192, global batch 1024) against serving at {rate:g} req/s on "
+                  "each hardware's cheapest deployment meeting the SLO (the plan above; `servesim compare` "
+                  "prices serving the same way), named in the `serving deployment` column. Break-even: the "
+                  "served output tokens whose serving spend equals the training spend.\n")
         md.append(f"![{cmp_png}]({cmp_png})\n")
         md.append(md_table(cmp_df, {"hardware": "hardware", "train_layout": "training layout", "train_mfu": "MFU",
                                     "train_days": "days", "train_gpu_hours": "GPU-hours", "train_usd": "training $",
-                                    "serve_tp": "serving TP", "serve_usd_per_m_output": "serving $/M output",
-                                    "saturated": "serving saturated",
+                                    "serve_config": "serving deployment", "serve_usd_per_m_output": "serving $/M output",
+                                    "serve_capacity_headroom": "capacity headroom",
                                     "break_even_output_tokens": "break-even output tokens"}) + "\n")
 
     md.append("## Validation status of the profiles used\n")
@@ -387,6 +423,28 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def _candidate_order(c):
+    """Plan's order of candidates: status, then $/h, GPUs and SLO headroom."""
+    from ..planning.plan import _cost_order
+    order = {"meets_slo": 0, "misses_slo": 1, "pruned": 2, "over_budget": 3, "infeasible": 4, "error": 5}
+    return (order.get(c["status"], 9),) + _cost_order(c)
+
+
+def _best_line(b: dict) -> str:
+    from ..training.compare import serving_config
+    return (f"{md_text(serving_config(b))}, ${b['usd_per_hour']:.2f}/h, ${b['usd_per_million_output_tokens']:.3g} "
+            f"per million output tokens. {_capacity_sentence(b)}")
+
+
+def _capacity_sentence(b: dict) -> str:
+    if b.get("capacity_headroom") is None:
+        return "no sustainable rate found for its capacity."
+    cs = b["cost_split"]
+    return (f"It sustains up to {b['max_sustainable_rate']:.3g} req/s (simulated), a capacity headroom of "
+            f"{100 * b['capacity_headroom']:.0f}%: ${cs['used_usd_per_hour']:.2f}/h of capacity carries the load, "
+            f"${cs['headroom_usd_per_hour']:.2f}/h is unused.")
 
 
 def _n(k: int, word: str) -> str:

@@ -22,7 +22,8 @@ def serving_config(best: dict) -> str:
     """The deployment a serving price comes from, e.g. 'TP=4 x 2 replicas (8 GPUs), bf16'."""
     pp = f" PP={best['pp']}" if best.get("pp", 1) > 1 else ""
     reps = f"{best['replicas']} replica" + ("" if best["replicas"] == 1 else "s")
-    return f"TP={best['tp']}{pp} x {reps} ({best['num_gpus']} GPUs), {best['dtype']}"
+    gpus = f"{best['num_gpus']} GPU" + ("" if best["num_gpus"] == 1 else "s")
+    return f"TP={best['tp']}{pp} x {reps} ({gpus}), {best['dtype']}"
 
 
 def serving_row(best: dict | None, why_not: str | None = None) -> dict:
