@@ -38,10 +38,9 @@ def one_line(excinfo, *words):
 def test_sweep_same_as_cli_json_and_csv(tmp_path):
     res = servesim.sweep([2, 8], grid={"tp": [1, 2]}, slo=SLO, price={"h100-sxm": 2.0}, workers=1, **SMALL)
     out = cli("sweep", "--rates", "2,8", "--grid", "tp=1,2", "--slo", SLO, "--price", "h100-sxm=2.0", *SMALL_CLI,
-              "--workers", "1", "--format", "json")
-    assert out == res.to_json() + "\n"
-    cli("sweep", "--rates", "2,8", "--grid", "tp=1,2", "--slo", SLO, "--price", "h100-sxm=2.0", *SMALL_CLI,
-        "--workers", "1", "-o", tmp_path)
+              "--workers", "1", "--format", "json", "-o", tmp_path)
+    files = json.loads(out)["files"]
+    assert str(tmp_path / "sweep.csv") in files and out == res.to_json(files=files) + "\n"
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "sweep.csv"),
                                   pd.read_csv(io.StringIO(res.points.to_csv(index=False))))
     p = res.points
