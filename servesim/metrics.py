@@ -209,7 +209,27 @@ def _throughput(done: pd.DataFrame, window: float, n_gpus: int) -> dict:
         "output_tokens_per_s": out_tok / window,
         "output_tokens_per_s_per_gpu": out_tok / window / n_gpus,
         "total_tokens_per_s": (in_tok + out_tok) / window,
+        "ci95": _throughput_ci(done, window, n_gpus),
     }
+
+
+def _throughput_ci(done: pd.DataFrame, window: float, n_gpus: int) -> dict:
+    """95% intervals of the throughput figures: each is a ratio sum(reward) / sum(time) over the
+    completions in finish order, time being the gap since the previous completion (the first from the
+    window's start), so sum(time) = window (`intervals.ratio_ci`, batches sized from the
+    autocorrelation of the gaps and of the tokens)."""
+    d = done.sort_values("finish_s", kind="stable")
+    f = d.finish_s.to_numpy(np.float64)
+    if f.size == 0:
+        return {k: [None, None] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
+                                          "output_tokens_per_s_per_gpu", "total_tokens_per_s")}
+    gaps = np.diff(f, prepend=f[-1] - window)
+    inp, outp = d.prompt_tokens.to_numpy(np.float64), d.output_tokens.to_numpy(np.float64)
+    b = max(CI.batch_size(gaps), CI.batch_size(inp + outp), CI.batch_size(outp))
+    out = {k: CI.ratio_ci(v, gaps, b) for k, v in (("requests_per_s", np.ones_like(f)), ("input_tokens_per_s", inp),
+                                                     ("output_tokens_per_s", outp), ("total_tokens_per_s", inp + outp))}
+    out["output_tokens_per_s_per_gpu"] = [None if v is None else v / n_gpus for v in out["output_tokens_per_s"]]
+    return {k: list(v) for k, v in out.items()}
 
 
 def _itl_mean(done: pd.DataFrame) -> float:

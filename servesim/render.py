@@ -79,9 +79,17 @@ def _ci(bounds) -> str:
     """[lo, hi] of a 95% interval, 3-4 significant digits; '?' for a bound the run cannot give, '-' for none."""
     if not bounds or bounds == [None, None]:
         return "-"
-    def g(v):
-        return "?" if v is None else f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
-    return f"[{g(bounds[0])}, {g(bounds[1])}]"
+    return f"[{_num(bounds[0])}, {_num(bounds[1])}]"
+
+
+def _num(v) -> str:
+    return "?" if v is None else f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _tci(t: dict, key: str) -> str:
+    """' [lo, hi]' of a throughput figure (summaries written before intervals have none)."""
+    b = t.get("ci95", {}).get(key)
+    return " " + _ci(b) if b else ""
 
 
 def _verdict(s: dict) -> str:
@@ -121,8 +129,9 @@ def summary_table(s: dict) -> str:
     t, u, cost = s["throughput"], s["utilization"], s["cost"]
     lines += [
         "",
-        f"throughput  {t['requests_per_s']:.2f} req/s, {t['input_tokens_per_s']:.0f} input tok/s, "
-        f"{t['output_tokens_per_s']:.0f} output tok/s ({t['output_tokens_per_s_per_gpu']:.0f} per GPU)",
+        f"throughput  {t['requests_per_s']:.2f} req/s{_tci(t, 'requests_per_s')}, {t['input_tokens_per_s']:.0f} "
+        f"input tok/s, {t['output_tokens_per_s']:.0f} output tok/s{_tci(t, 'output_tokens_per_s')} "
+        f"({t['output_tokens_per_s_per_gpu']:.0f} per GPU)",
         f"utilisation batch {u['mean_batch_size']:.1f} seqs, busy {100 * u['busy_fraction']:.0f}% (a batch in flight)"
         + _stages_busy(u) + ", "
         f"KV mean {100 * u['kv_cache_mean']:.0f}% / max {100 * u['kv_cache_max']:.0f}%, "
