@@ -193,3 +193,12 @@ def test_plan_adds_replicas_when_only_the_other_seed_fails():
     if b["checks"]["other_seed"].get("replicas_added"):
         assert b["replicas"] >= 1 + b["checks"]["other_seed"]["replicas_added"]
         assert b["usd_per_hour"] == b["num_gpus"] * b["usd_per_gpu_hour"]
+
+
+def test_plan_skips_a_dtype_the_chip_cannot_run():
+    """fp8 on an A100 (no fp8 tensor cores) is an infeasible layout of the search, not an error."""
+    spec = PlanSpec(base=PLAN_BASE, hardware=("a100-sxm-80gb",), dtypes=("bf16", "fp8"), tps=(1,), max_replicas=4)
+    res = plan(spec)
+    by_dtype = {c["dtype"]: c for c in res.candidates}
+    assert by_dtype["fp8"]["status"] == "infeasible" and "fp8 tensor cores" in by_dtype["fp8"]["reason"]
+    assert by_dtype["bf16"]["status"] != "infeasible"

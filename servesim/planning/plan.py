@@ -84,7 +84,15 @@ def _quantile(x, stat):
 def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) -> dict:
     """{'status': 'ok'|'infeasible'|'pruned', 'reason', 'capacity_rps', 'ttft_floor_ms', 'tpot_floor_ms'}."""
     from ..api import replica_of, resolve
+    from ..config import load_hardware
+    from ..costmodel.dtypes import check_dtype
     from ..costmodel.iteration import iteration_components_nb
+    if layout.get("dtype", "auto") != "auto":   # a dtype the chip cannot run is a layout to skip, not an error
+        try:
+            hw = load_hardware(layout["hardware"])
+            check_dtype(layout["dtype"], hw.name, hw.peak_flops)
+        except ConfigError as e:
+            return {"status": "infeasible", "reason": str(e)}
     try:
         cfg, model, hw, _ = resolve(replace(base, **{k: v for k, v in layout.items()}))
         rc = replica_of(cfg, model, hw)
