@@ -178,7 +178,7 @@ def _print_tree(d: dict, indent: int = 0):
 @sim_option("hardware")
 @sim_option("tp")
 @sim_option("pp")
-@click.option("--dtype", default="bf16", show_default=True, help="Weight dtype (as --dtype of simulate, but auto).")
+@click.option("--dtype", default="bf16", show_default=True, help="Weight dtype: those of simulate's --dtype but auto.")
 @sim_option("kv_dtype")
 @sim_option("allreduce")
 @click.option("--prefill-tokens", default=0, show_default=True, type=int, help="Prefill tokens in the batch.")
