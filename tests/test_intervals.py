@@ -119,5 +119,12 @@ def test_summary_reports_ci95_for_every_latency_and_the_table_shows_it():
     lo, hi = s["itl_ms"]["ci95"]["mean"]
     assert lo < s["itl_ms"]["mean"] < hi
     assert s["itl_ms"]["ci95"]["p99"] == [None, None]
+    t = s["throughput"]
+    for key in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
+                "total_tokens_per_s"):
+        lo, hi = t["ci95"][key]
+        assert lo < t[key] < hi, key
     table = summary_table(r.summary)
     assert table.count("95% CI") == 5
+    lo, hi = t["ci95"]["requests_per_s"]
+    assert f"req/s [{lo:.2f}, {hi:.2f}]" in table
