@@ -154,8 +154,9 @@ class CompareResult:
     Attributes
     ----------
     rows : pandas.DataFrame
-        One row per hardware: training layout, MFU, days, GPU-hours and $; serving TP, $ per million
-        output tokens, SLO attainment; the break-even in served output tokens.
+        One row per hardware: training layout, MFU, days, GPU-hours and $; the cheapest serving
+        deployment meeting the SLO (``serve_config``), its $ per million output tokens and capacity
+        headroom; the break-even in served output tokens.
     summary : dict
         ``model`` and ``train_tokens``.
     """

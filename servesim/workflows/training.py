@@ -199,7 +199,7 @@ def check_compare(model, hardware, train_tokens, gpus, seq_len, global_batch, dt
     check_int(seq_len, "--seq-len")
     check_int(global_batch, "--global-batch")
     check_choice(dtype, "--dtype", ("bf16", "fp8"))
-    check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it for the smallest TP that fits)")
+    check_int(serve_tp, "--serve-tp", none_ok=True, hint=" (omit it to search TP 1, 2, 4, 8)")
     check_name(workload, "--workload")
     check_float(rate, "--rate", gt=0.0, none_ok=True, hint=" req/s (omit it for the workload's rate)")
     check_int(num_requests, "--num-requests")
@@ -232,9 +232,10 @@ def compare(model="llama-3.1-8b", hardware="h100-sxm", *, train_tokens=15e12, gp
     dtype : {"bf16", "fp8"}
         Training precision (bf16 where the chip has no fp8).
     serve_tp : int, optional
-        Serving TP (default: the smallest that fits).
+        Serving TP (default: TP 1, 2, 4, 8 searched).
     workload, rate, slo, num_requests
-        The serving simulation: workload, req/s (default: the workload's), SLO, requests.
+        The serving load: workload, req/s (default: the workload's), SLO, requests per simulation;
+        serving is priced on each hardware's cheapest deployment meeting the SLO (`servesim.plan`).
 
     Returns
     -------
