@@ -163,7 +163,8 @@ class SimConfig:
     num_requests: int | None = opt(None, "int", ge=1,
                                    help="Default 2000; every row with --trace-mode replay/scale; not with --stages.")
     duration: float | None = opt(None, "duration", gt=0.0, hint=" (omit it to run until every request ends)",
-                                       help="Stop the clock after this long (e.g. 600s).")
+                                       help="Stop the clock after this long (e.g. 600s); with --arrival daily and no "
+                                            "--num-requests: the window of the day sent (24h: a whole day).")
     warmup: float = opt(0.0, "duration", ge=0.0, help="Exclude requests arriving before this.")
     slo: object = opt(None, "slo", grid=False, help="Latency targets, e.g. ttft_p99=500ms,tpot_p99=50ms.")
     seed: int = opt(0, "int", ge=0, help="Seed of every random draw.")
