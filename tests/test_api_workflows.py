@@ -192,13 +192,13 @@ def _click_defaults(command) -> dict:
     ("sweep", servesim.find_max_rate, {"price", "rates", "grid"}),
 ])
 def test_api_defaults_are_the_cli_defaults(command, fn, skip):
-    from servesim.workflows.capacity import _text
+    from servesim.workflows.capacity import as_text
     click = _click_defaults(command)
     sig = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
     shared = (set(sig) & set(click)) - skip
     assert len(shared) >= 3
     for k in shared:
-        assert _text(sig[k]) == _text(click[k]), k
+        assert as_text(sig[k]) == as_text(click[k]), k
 
 
 def test_train_layout_defaults_are_the_cli_defaults():

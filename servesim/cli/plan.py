@@ -1,5 +1,5 @@
-"""`servesim sweep` and `servesim plan`: thin click commands over `servesim.workflows.capacity`
-(the functions behind `servesim.sweep`, `find_max_rate` and `plan`)."""
+"""`servesim sweep` and `servesim plan`: thin click commands over `servesim.workflows`
+(capacity: the functions behind `servesim.sweep` and `find_max_rate`; planner: `servesim.plan`)."""
 from __future__ import annotations
 
 import sys
@@ -205,7 +205,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
     from ..outputs import output_dir
     from ..planning import backends, figures
     from ..planning.sweep import write_table
-    from ..workflows.capacity import PLACEHOLDERS, execute_plan, plan_error, prepare_plan
+    from ..workflows.planner import PLACEHOLDERS, execute_plan, plan_error, prepare_plan
     base = _base_config(kw | PLACEHOLDERS)
     check_int(top, "--top", hint=" (rows of the ranked table)")
     spec = prepare_plan(base, hardware=hardware, dtype=dtype, tp=tp, pp=pp, max_replicas=max_replicas,
