@@ -107,10 +107,13 @@ def test_compare_same_as_cli():
     assert r.break_even_output_tokens == pytest.approx(r.train_usd / r.serve_usd_per_m_output * 1e6)
 
 
-def test_validate_same_as_cli():
-    res = servesim.validate("training")
+def test_validate_same_as_cli(tmp_path):
+    res = servesim.validate("training", output=tmp_path / "v")
     assert cli("validate", "--suite", "training", "--format", "json") == res.to_json() + "\n"
     assert res.passed and res.suites[0]["suite"] == "training" and len(res.rows) == res.suites[0]["n"]
+    summary = pd.read_csv(tmp_path / "v" / "summary.csv")
+    whole = summary[(summary.suite == "training") & (summary.gpu == "all")].iloc[0]
+    assert whole.n == res.suites[0]["n"] and whole.median_rel_err == pytest.approx(res.suites[0]["median_rel_err"])
 
 
 def test_calibrate_fits_and_writes(tmp_path):
