@@ -6,21 +6,11 @@ from click.testing import CliRunner
 
 from servesim import __version__
 from servesim.cli import main
+from clihelp import one_line_error
 
 
 def run(*args):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
-def user_error(*args, must_contain=()):
-    r = CliRunner().invoke(main, list(args))
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    err = r.output.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("servesim: error:"), r.output
-    for s in must_contain:
-        assert s in err[0]
-    return err[0]
 
 
 def test_version_and_help():
@@ -44,7 +34,7 @@ def test_profiles_show():
     d = json.loads(run("profiles", "show", "llama-3.1-8b", "--format", "json").output)
     assert d["num_layers"] == 32 and abs(d["param_count"] / 8.03e9 - 1) < 0.01
     assert "hbm_bw" in run("profiles", "show", "h100-sxm").output
-    user_error("profiles", "show", "h900", must_contain=("h900", "h100-sxm"))
+    one_line_error("profiles", "show", "h900", must_contain=("h900", "h100-sxm"))
 
 
 def test_cost_json_and_table():
@@ -67,14 +57,14 @@ def test_cost_engine_profiles():
     assert v["engine_fit"] == t["engine_fit"] == "fitted on h100-sxm"
     h200 = json.loads(run("cost", "--decode-seqs", "8", "--hardware", "h200-sxm", "--format", "json").output)
     assert "h100-sxm's fit" in h200["engine_fit"]
-    user_error("cost", "--decode-seqs", "8", "--engine", "vllx", must_contain=("unknown engine 'vllx'",))
+    one_line_error("cost", "--decode-seqs", "8", "--engine", "vllx", must_contain=("unknown engine 'vllx'",))
 
 
 def test_cost_errors():
-    user_error("cost", "--model", "llama-3.1-70b", "--decode-seqs", "1", must_contain=("needs", "GiB", "--tp 2"))
-    user_error("cost", "--tp", "3", "--decode-seqs", "1", must_contain=("--tp 3",))
-    user_error("cost", "--model", "gpt-9", "--decode-seqs", "1", must_contain=("unknown model 'gpt-9'",))
-    user_error("cost", must_contain=("empty batch",))
+    one_line_error("cost", "--model", "llama-3.1-70b", "--decode-seqs", "1", must_contain=("needs", "GiB", "--tp 2"))
+    one_line_error("cost", "--tp", "3", "--decode-seqs", "1", must_contain=("--tp 3",))
+    one_line_error("cost", "--model", "gpt-9", "--decode-seqs", "1", must_contain=("unknown model 'gpt-9'",))
+    one_line_error("cost", must_contain=("empty batch",))
 
 
 def test_simulate_json_has_documented_keys():
@@ -100,11 +90,11 @@ def test_simulate_table_and_output_dir(tmp_path):
 
 
 def test_simulate_user_errors():
-    user_error("simulate", "--model", "nope", must_contain=("unknown model 'nope'",))
-    user_error("simulate", "--hardware", "h900", must_contain=("unknown hardware 'h900'",))
-    user_error("simulate", "--slo", "ttft=1s", must_contain=("--slo",))
-    user_error("simulate", "--slo", "ttft_p99=fast", must_contain=("--slo", "fast"))
-    user_error("simulate", "--rate", "-1", must_contain=("--rate",))
-    user_error("simulate", "--workload", "nothing", must_contain=("unknown workload",))
-    user_error("simulate", "--model", "llama-3.1-405b", must_contain=("needs", "GiB"))
-    user_error("simulate", "--num-requests", "0", must_contain=("--num-requests",))
+    one_line_error("simulate", "--model", "nope", must_contain=("unknown model 'nope'",))
+    one_line_error("simulate", "--hardware", "h900", must_contain=("unknown hardware 'h900'",))
+    one_line_error("simulate", "--slo", "ttft=1s", must_contain=("--slo",))
+    one_line_error("simulate", "--slo", "ttft_p99=fast", must_contain=("--slo", "fast"))
+    one_line_error("simulate", "--rate", "-1", must_contain=("--rate",))
+    one_line_error("simulate", "--workload", "nothing", must_contain=("unknown workload",))
+    one_line_error("simulate", "--model", "llama-3.1-405b", must_contain=("needs", "GiB"))
+    one_line_error("simulate", "--num-requests", "0", must_contain=("--num-requests",))

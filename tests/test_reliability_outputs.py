@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from servesim.cli import main
 from servesim.errors import ConfigError
 from servesim.outputs import INCOMPLETE, OutputDir, atomic_file, write_text_atomic
+from clihelp import one_line_error
 
 REPO = Path(__file__).resolve().parent.parent
 SLO = "ttft_p99=1s,tpot_p99=60ms"
@@ -26,17 +27,6 @@ SLO = "ttft_p99=1s,tpot_p99=60ms"
 
 def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_line_error(*args, must_contain=()):
-    r = cli(*args)
-    assert r.exit_code == 2, (args, r.output)
-    assert "Traceback" not in r.output
-    lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("servesim: error:"), (args, r.output)
-    for s in must_contain:
-        assert s in lines[0], (s, lines[0])
-    return lines[0]
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -13,6 +13,7 @@ from servesim.errors import ConfigError
 from servesim.report.build import md_code, md_table, md_text
 from servesim.workload import load_workload
 from servesim.workload.traces import read_trace
+from clihelp import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "SECRET-MARKER-7f3a"
@@ -37,15 +38,6 @@ def _workload_toml(folder: Path, trace: str, description: str = "a test workload
     return p
 
 
-def _one_line_error(args) -> str:
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("servesim: error:"), r.output
-    return lines[0]
-
-
 @pytest.mark.parametrize("trace", [
     "../outside/secret.csv",                  # leaves the workload's folder
     "../../../../../../../../etc/passwd",     # the issue's example
@@ -63,7 +55,7 @@ def test_workload_trace_paths_stay_inside_and_never_echo(tmp_path, secret, trace
     with pytest.raises(ConfigError) as e:
         load_workload(p)
     assert MARKER not in str(e.value) and "root:x" not in str(e.value)
-    msg = _one_line_error(["simulate", "--workload", str(p), "--num-requests", "10"])
+    msg = one_line_error("simulate", "--workload", str(p), "--num-requests", "10")
     assert MARKER not in msg and "mine.toml:7" in msg
 
 
@@ -82,7 +74,7 @@ def test_trace_errors_never_echo_an_unknown_header(tmp_path, header, words):
     assert MARKER not in msg
     for w in words:
         assert w in msg, msg
-    assert MARKER not in _one_line_error(["simulate", "--workload", str(p)])
+    assert MARKER not in one_line_error("simulate", "--workload", str(p))
 
 
 def test_bad_cells_of_a_trace_are_quoted_short_and_escaped(tmp_path):

@@ -18,6 +18,7 @@ from servesim.workload import (
     stage_arrivals,
     with_shared_prefix,
 )
+from clihelp import one_line_error
 
 TRACES = Path(__file__).resolve().parents[1] / "workloads" / "traces"
 
@@ -26,17 +27,6 @@ def run(*args):
     r = CliRunner().invoke(main, list(args), catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return r.output
-
-
-def user_error(*args, must_contain=()):
-    r = CliRunner().invoke(main, list(args))
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    err = r.output.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("servesim: error:"), r.output
-    for s in must_contain:
-        assert s in err[0], err[0]
-    return err[0]
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -278,7 +268,7 @@ def test_replay_cli_all_rows_and_header():
     assert f"at the trace's own arrival times, delivered {c['rate']:.3g} req/s" in out
     out = run("simulate", "--workload", trace, "--trace-mode", "scale", "--rate", "50", "--duration", "2s")
     assert "trace splitwise_conv.csv rescaled to 50 req/s" in out
-    user_error("simulate", "--workload", trace, "--trace-mode", "replay", "--num-requests", str(n + 1),
+    one_line_error("simulate", "--workload", trace, "--trace-mode", "replay", "--num-requests", str(n + 1),
                must_contain=(f"--num-requests {n + 1}", f"<= {n}"))
 
 
@@ -354,4 +344,4 @@ def test_shared_prefix_cli():
      ["--isl 80", "--system-prompt-len 100", "--isl >= 101"]),
 ])
 def test_bad_load_inputs_exit_2_with_one_line(args, words):
-    user_error("simulate", *args, must_contain=words)
+    one_line_error("simulate", *args, must_contain=words)
