@@ -235,17 +235,8 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
         raise err
 
 
-def _capacity_text(b) -> str:
-    """The chosen deployment's simulated capacity and the $/hour the load uses vs holds in reserve."""
-    if b.get("capacity_headroom") is None:
-        return "capacity: no sustainable rate found"
-    cs = b["cost_split"]
-    return (f"capacity: sustains up to {b['max_sustainable_rate']:.3g} req/s (simulated), capacity headroom "
-            f"{100 * b['capacity_headroom']:.0f}%: ${cs['used_usd_per_hour']:.2f}/h carries the load, "
-            f"${cs['headroom_usd_per_hour']:.2f}/h is unused capacity (for the SLO, and replicas come whole)")
-
-
 def _plan_text(out, top) -> str:
+    from ..planning.capacity import capacity_sentence
     lines = []
     b = out["best"]
     if b:
@@ -255,7 +246,7 @@ def _plan_text(out, top) -> str:
                      f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
                      f"SLO headroom {100 * b['headroom']:.0f}% (margin {100 * b['margin']:.0f}%)")
-        lines.append("      " + _capacity_text(b))
+        lines.append("      " + capacity_sentence(b))
         ch = b["checks"]
         lines.append(f"      checks: seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"
                      + (f"; {ch['one_replica_fewer']['replicas']} replicas meets: {ch['one_replica_fewer']['meets_slo']}"

@@ -55,3 +55,14 @@ def check_open_loop(cfg) -> None:
         if bad:
             raise ConfigError(f"--capacity varies the arrival rate, so it does not work with {what}; "
                               "give an open-loop --rate (or none, for the workload's rate)")
+
+
+def capacity_sentence(b: dict) -> str:
+    """The chosen deployment's simulated capacity and the $/hour the load uses vs leaves unused
+    (plan's text and the report share it)."""
+    if b.get("capacity_headroom") is None:
+        return "No sustainable rate was found for its capacity."
+    cs = b["cost_split"]
+    return (f"It sustains up to {b['max_sustainable_rate']:.3g} req/s (simulated), a capacity headroom of "
+            f"{100 * b['capacity_headroom']:.0f}%: ${cs['used_usd_per_hour']:.2f}/h of capacity carries the load, "
+            f"${cs['headroom_usd_per_hour']:.2f}/h is unused (for the SLO, and replicas come whole).")

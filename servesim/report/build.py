@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, InfeasibleError
+from ..planning.capacity import capacity_sentence
 
 SERVE_TPS = (1, 2, 4, 8)
 DEFAULT_SLO = "ttft_p99=1s,tpot_p99=60ms"
@@ -367,7 +368,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                   f"{b['metrics']['tpot_ms']['p99']:.1f} ms; it also meets the SLO with seed "
                   f"{b['checks']['other_seed']['seed']}" + (
                       f", and {_n(b['replicas'] - 1, 'replica')} do not" if "one_replica_fewer" in b["checks"] else "")
-                  + f". {_capacity_sentence(b)}\n")
+                  + f". {capacity_sentence(b)}\n")
     else:
         md.append("**No configuration meets the SLO** on any of the hardware (reasons above).\n")
     meets = cand[cand.status == "meets_slo"] if "status" in cand.columns else cand.iloc[:0]
@@ -435,16 +436,7 @@ def _candidate_order(c):
 def _best_line(b: dict) -> str:
     from ..training.compare import serving_config
     return (f"{md_text(serving_config(b))}, ${b['usd_per_hour']:.2f}/h, ${b['usd_per_million_output_tokens']:.3g} "
-            f"per million output tokens. {_capacity_sentence(b)}")
-
-
-def _capacity_sentence(b: dict) -> str:
-    if b.get("capacity_headroom") is None:
-        return "no sustainable rate found for its capacity."
-    cs = b["cost_split"]
-    return (f"It sustains up to {b['max_sustainable_rate']:.3g} req/s (simulated), a capacity headroom of "
-            f"{100 * b['capacity_headroom']:.0f}%: ${cs['used_usd_per_hour']:.2f}/h of capacity carries the load, "
-            f"${cs['headroom_usd_per_hour']:.2f}/h is unused.")
+            f"per million output tokens. {capacity_sentence(b)}")
 
 
 def _n(k: int, word: str) -> str:
