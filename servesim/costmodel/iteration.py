@@ -9,8 +9,8 @@ Batch aggregates (all per replica, per step):
   kv_pf    KV tokens the prefill chunks read: sum (ctx + c)
   n_dec    decode sequences (one token each)
   kv_dec   KV tokens the decodes read: sum of their context lengths
-Returns (gemm, attention, elementwise, communication, overhead, latency, interval, flops, bytes):
-latency is one micro-batch through every pipeline stage; interval is the time until the
+Returns an `IterationCost` (seconds by operator class, latency, interval, FLOPs, bytes; read by
+name): latency is one micro-batch through every pipeline stage; interval is the time until the
 first stage can take the next micro-batch (the bottleneck stage). With PP = 1 they are equal.
 
 Kernel costs are the engine's (``servesim/costmodel/kernels.py``, fitted per engine and GPU): GEMMs
@@ -32,6 +32,8 @@ kernels and all-reduces -- is tabulated per token count when the replica is lowe
 (``layer_tables_nb``), so a step reads it instead of recomputing it.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -183,12 +185,25 @@ def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     return a
 
 
+class IterationCost(NamedTuple):
+    """One engine step, by operator class (seconds), with its time and work."""
+    gemm: float
+    attention: float
+    elementwise: float
+    communication: float       # TP collectives and PP sends
+    overhead: float            # launch cost the GPU did not hide, and host work
+    latency: float             # one micro-batch through every pipeline stage
+    interval: float            # until the first stage can take the next micro-batch
+    flops: float
+    nbytes: float
+
+
 @njit(cache=True)
 def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     tokens = tp_tok + n_dec
     seqs = n_pf + n_dec
     if tokens <= 0.0:
-        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        return IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     padded = graph_tokens_nb(p.graph_sizes, tokens) if p.graph_mode != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
     mi = int(m)
@@ -221,11 +236,11 @@ def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_de
     flops = 2.0 * p.active_params_gpu * p.tp * p.pp * tokens + n_layers * p.tp * (
         pairs * p.attn_flops_pair + kv_dec * p.attn_flops_kv_decode)
     nbytes = p.active_params_gpu * p.tp * p.pp * p.w_bytes + n_layers * p.tp * p.kv_bytes_tok_layer * (kv_pf + kv_dec)
-    return gemm, attn, elem, comm_tp + (p.pp - 1.0) * send, overhead, latency, interval, flops, nbytes
+    return IterationCost(gemm, attn, elem, comm_tp + (p.pp - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
 @njit(cache=True)
 def iteration_time_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     """(latency, interval) of one iteration; see iteration_components_nb."""
     r = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
-    return r[5], r[6]
+    return r.latency, r.interval

@@ -486,9 +486,9 @@ class ReferenceSimulator:
             n_dec += rep.pad_seqs
             kv_dec += rep.pad_kv
             n_logit += rep.pad_seqs
-        comp = iteration_components_nb(self.p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
-        latency = comp[5] + step.swap_s
-        interval = comp[6] + step.swap_s
+        cost = iteration_components_nb(self.p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+        latency = cost.latency + step.swap_s
+        interval = cost.interval + step.swap_s
         slot = rep.slots.index(None)
         if rep.in_flight == 0:
             rep.inflight_since = self.now
