@@ -17,7 +17,7 @@ from servesim.engine import kernel as K
 def _prefill(p, c):
     """(latency, interval) of one micro-batch holding one whole c-token prompt, as the kernel prices it."""
     r = iteration_components_nb(p, float(c), 1.0, 1.0, c * (c + 1.0) / 2.0, float(c), 0.0, 0.0)
-    return r[5], r[6]
+    return r.latency, r.interval
 
 
 def test_light_micro_batch_waits_for_the_heavy_one(replica_cost, small_engine, run_both):

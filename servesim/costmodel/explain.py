@@ -44,7 +44,8 @@ class Breakdown:
 
 def breakdown(params, batch: Batch) -> Breakdown:
     agg = batch.aggregates()
-    gemm, attn, elem, comm, over, lat, interval, flops, nbytes = iteration_components_nb(params, *agg)
+    cost = iteration_components_nb(params, *agg)
+    gemm, attn, elem, comm, over = cost.gemm, cost.attention, cost.elementwise, cost.communication, cost.overhead
     tokens = agg[0] + agg[5]
     p = params
     bound = {}
@@ -67,4 +68,4 @@ def breakdown(params, batch: Batch) -> Breakdown:
     if top == "attention":
         kind = bound.get("attention_prefill", bound.get("attention_decode", ""))
     label = f"{top} ({kind})" if kind else top
-    return Breakdown(lat, interval, parts, bound, label, flops, nbytes)
+    return Breakdown(cost.latency, cost.interval, parts, bound, label, cost.flops, cost.nbytes)
