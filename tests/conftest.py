@@ -8,7 +8,7 @@ import pytest
 
 from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
-from servesim.engine.kernel import EngineOutput, simulate_nb
+from servesim.engine.kernel import simulate_nb
 from servesim.engine.run import EngineOptions, engine_config, router_draws
 from servesim.reference import reference_simulate
 
@@ -63,7 +63,7 @@ def run_both():
         n = prompt.shape[0]
         group = np.full(n, -1, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
         hit = np.zeros(n, np.int64) if hit is None else np.ascontiguousarray(hit, np.int64)
-        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit))
+        out = simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit)
         ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit)
         return out, ref
     return run

@@ -11,7 +11,7 @@ from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
-from servesim.engine.kernel import EngineOutput, simulate_nb
+from servesim.engine.kernel import simulate_nb
 from servesim.engine.run import EngineOptions, engine_config, router_draws
 
 SEEDS = range(6)
@@ -25,7 +25,7 @@ def rc():
 
 def prefill_time(params, isl: int) -> float:
     """Latency of one iteration that prefills a whole `isl`-token prompt and samples one token."""
-    return iteration_components_nb(params, float(isl), 1.0, 1.0, isl * (isl + 1) / 2.0, float(isl), 0.0, 0.0)[5]
+    return iteration_components_nb(params, float(isl), 1.0, 1.0, isl * (isl + 1) / 2.0, float(isl), 0.0, 0.0).latency
 
 
 def lindley(arrival, service):
@@ -84,8 +84,8 @@ def test_mg1_pollaczek_khinchine(rc):
         prompt = rng.integers(lo, hi + 1, N).astype(np.int64)
         output = np.ones(N, np.int64)
         u1, u2 = router_draws(N, seed)
-        out = EngineOutput(*simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2,
-                                        np.full(N, -1, np.int64), np.zeros(N, np.int64)))
+        out = simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, np.full(N, -1, np.int64),
+                          np.zeros(N, np.int64))
         assert (out.status == C.DONE).all()
         service = s_of[prompt - lo]
         np.testing.assert_array_equal(out.finish, out.scheduled + service)

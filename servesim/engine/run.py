@@ -107,5 +107,5 @@ def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: i
         arrival = np.full_like(arrival, cfg.frontend)
     u1, u2 = router_draws(prompt.shape[0], seed)
     group, hit = prefix_arrays(prompt.shape[0], cfg.block_size, prompt, prefix_group, prefix_len)
-    out = EngineOutput(*simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit))
+    out = simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit)
     return out._replace(arrival=out.arrival - cfg.frontend)

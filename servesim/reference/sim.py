@@ -1,7 +1,9 @@
 """The slow, obvious twin of the jitted engine (`servesim.engine.kernel.simulate_nb`).
 
 Written independently in plain Python -- objects, lists and deques -- so that it reads like the
-documentation of the engine's semantics. The tests demand that both agree exactly, request by
+documentation of the engine's semantics. Its methods are the engine's handlers, by the same names
+(`complete`, `arrive`, `route`, `schedule`, `static_batch`, `continuous_batch`, `preempt`, `launch`
+here; `complete_nb`, ... in `servesim/engine/events.py` and `schedule.py`). The tests demand that both agree exactly, request by
 request. Only the iteration cost function is shared: `iteration_components_nb`, called here from
 Python with batch aggregates summed in the same order as the engine sums them.
 
@@ -13,7 +15,7 @@ exactly when blocks free up is admitted in that same scheduling step. Among comp
 (replica, pipeline slot) goes first; among replicas ready to schedule, the lowest replica index.
 The clock stops when no event is left or the next one lies after `max_time`.
 
-Arrival. The router picks a replica (see `_route`); a request whose prompt + output can never fit
+Arrival. The router picks a replica (see `route`); a request whose prompt + output can never fit
 in the KV cache (more blocks than capacity minus the watermark) is rejected on the spot, otherwise
 it joins the back of that replica's waiting queue. With `concurrency > 0` the run is closed-loop:
 the first `concurrency` requests are sent at their given times, and every request that ends (done

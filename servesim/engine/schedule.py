@@ -1,0 +1,257 @@
+"""Batch formation and preemption on one replica: the policies of a scheduling step.
+
+Each policy fills `Step` with (request, chunk) members and returns how many it took and the swap
+seconds the step pays; the semantics are written out in `servesim.reference.sim` (methods of the
+same names: `static_batch`, `continuous_batch`, `preempt`, `prefix_hit`, `blocks_needed`).
+"""
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+from . import codes as C
+from .state import HANDLER, STAT_PREEMPTIONS
+
+
+@njit(**HANDLER)
+def blocks_for_nb(tokens, block_size):
+    return (tokens + block_size - 1) // block_size
+
+
+@njit(**HANDLER)
+def drop_running_nb(rp, r, i):
+    """Remove request i from replica r's running list, keeping admission order."""
+    run = rp.running
+    k = 0
+    for j in range(rp.n_running[r]):
+        if run[r, j] != i:
+            run[r, k] = run[r, j]
+            k += 1
+    rp.n_running[r] = k
+
+
+@njit(**HANDLER)
+def push_back_nb(rq, rp, r, i):
+    rq.q_next[i] = -1
+    if rp.q_tail[r] < 0:
+        rp.q_head[r] = i
+    else:
+        rq.q_next[rp.q_tail[r]] = i
+    rp.q_tail[r] = i
+    rp.n_waiting[r] += 1
+
+
+@njit(**HANDLER)
+def push_front_nb(rq, rp, r, i):
+    rq.q_next[i] = rp.q_head[r]
+    rp.q_head[r] = i
+    if rp.q_tail[r] < 0:
+        rp.q_tail[r] = i
+    rp.n_waiting[r] += 1
+
+
+@njit(**HANDLER)
+def pop_front_nb(rq, rp, r):
+    i = rp.q_head[r]
+    rp.q_head[r] = rq.q_next[i]
+    if rp.q_head[r] < 0:
+        rp.q_tail[r] = -1
+    rq.q_next[i] = -1
+    rp.n_waiting[r] -= 1
+    return i
+
+
+@njit(**HANDLER)
+def prefix_hit_nb(rq, rp, r, i):
+    """A waiting request with nothing computed takes its shared prefix from the replica's prefix
+    cache once a request of its group has computed it there (whole blocks only)."""
+    g = rq.group[i]
+    if g >= 0 and rq.computed[i] == 0 and rq.status[i] == C.WAITING and rp.prefix_seen[r, g]:
+        rq.computed[i] = rq.hit[i]
+
+
+@njit(**HANDLER)
+def swap_seconds_nb(p, cfg, rq, i):
+    return p.swap_alpha + rq.computed[i] * cfg.kv_bytes_per_token / p.swap_bw
+
+
+@njit(**HANDLER)
+def preempt_nb(p, cfg, rq, rp, stats, r, v):
+    """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
+    swap_s = 0.0
+    rp.free_blocks[r] += rq.blocks[v]
+    if cfg.preemption == C.SWAP:
+        swap_s = swap_seconds_nb(p, cfg, rq, v)
+        rq.status[v] = C.SWAPPED
+    else:
+        rq.computed[v] = 0
+        rq.status[v] = C.WAITING
+    rq.blocks[v] = 0
+    rq.preemptions[v] += 1
+    stats[STAT_PREEMPTIONS] += 1
+    drop_running_nb(rp, r, v)
+    push_front_nb(rq, rp, r, v)
+    return swap_s
+
+
+@njit(inline="always", **HANDLER)
+def static_batch_nb(cfg, rq, rp, step, r, now):
+    """When nothing runs, admit a whole batch reserving every prompt and output block; then run it."""
+    B = cfg.max_num_seqs
+    if rp.n_running[r] == 0:
+        while rp.n_waiting[r] > 0 and rp.n_running[r] < B:
+            i = rp.q_head[r]
+            need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
+            if need > rp.free_blocks[r]:
+                break
+            pop_front_nb(rq, rp, r)
+            rp.free_blocks[r] -= need
+            rq.blocks[i] = need
+            rq.status[i] = C.RUNNING
+            rq.scheduled[i] = now
+            rp.running[r, rp.n_running[r]] = i
+            rp.n_running[r] += 1
+    nb = 0
+    run, in_flight, b_req, b_chunk = rp.running, rq.in_flight, step.req, step.chunk
+    prompt, generated, computed = rq.prompt, rq.generated, rq.computed
+    for j in range(rp.n_running[r]):
+        i = run[r, j]
+        if not in_flight[i]:
+            b_req[nb] = i
+            b_chunk[nb] = prompt[i] + generated[i] - computed[i]
+            nb += 1
+    return nb
+
+
+@njit(inline="always", **HANDLER)
+def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
+    """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s)."""
+    B = cfg.max_num_seqs
+    pol = cfg.policy
+    run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
+    b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
+    prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
+    status, in_flight, n_waiting, q_head = rq.status, rq.in_flight, rp.n_waiting, rp.q_head
+    nb = 0
+    budget = cfg.max_batched_tokens
+    swap_s = 0.0
+    preempted_now = False
+    decode_only = False
+    if pol == C.VLLM_V0:
+        # prefill-prioritised: if any waiting request can be admitted, this is a prefill iteration
+        decode_only = True
+        if rp.n_waiting[r] > 0 and rp.n_running[r] < B:
+            i = rp.q_head[r]
+            prefix_hit_nb(rq, rp, r, i)
+            pend = rq.prompt[i] + rq.generated[i] - rq.computed[i]
+            need = blocks_for_nb(rq.computed[i] + pend, cfg.block_size) - rq.blocks[i]
+            if rp.free_blocks[r] - need >= cfg.watermark_blocks:
+                decode_only = False
+    # 1) running requests (not for a V0 prefill step): vllm walks them in admission order,
+    #    decodes and partial prefills alike (V1); the others take decodes first
+    if pol != C.VLLM_V0 or decode_only:
+        n_pfc = 0
+        for phase in range(2):
+            j = 0
+            while True:
+                # phase 0 walks the running list (decodes; prefills are set aside),
+                # phase 1 the set-aside partial prefills, in the same order
+                if phase == 0:
+                    if j >= n_running[r]:
+                        break
+                    i = run[r, j]
+                else:
+                    if j >= n_pfc:
+                        break
+                    i = pf_cand[j]
+                    if status[i] != C.RUNNING:
+                        j += 1
+                        continue      # preempted during phase 0
+                j += 1
+                if in_flight[i]:
+                    continue
+                pend = prompt[i] + generated[i] - computed[i]
+                if phase == 0 and pol != C.VLLM and not (generated[i] > 0 and pend == 1):
+                    pf_cand[n_pfc] = i
+                    n_pfc += 1
+                    continue
+                if nb >= B or budget <= 0:
+                    if phase == 0:
+                        continue
+                    break
+                c = pend
+                if c > budget:
+                    if pol == C.ORCA:
+                        continue
+                    c = budget
+                need = blocks_for_nb(computed[i] + c, cfg.block_size) - blocks[i]
+                victim_self = False
+                while need > free_blocks[r]:
+                    # preempt the youngest running request that is not in flight
+                    v = -1
+                    for j2 in range(n_running[r] - 1, -1, -1):
+                        cand = run[r, j2]
+                        if not in_flight[cand]:
+                            already = False
+                            for j3 in range(nb):
+                                if b_req[j3] == cand:
+                                    already = True
+                            if not already:
+                                v = cand
+                                break
+                    if v < 0:
+                        break
+                    if v == i and rp.n_in_flight[r] > 0:
+                        # only the requester is left while a micro-batch is in flight: wait for it
+                        # rather than preempt itself (that livelocks with PP > 1), admit nothing now
+                        preempted_now = True
+                        break
+                    swap_s += preempt_nb(p, cfg, rq, rp, stats, r, v)
+                    preempted_now = True
+                    if v == i:
+                        victim_self = True
+                        break
+                    if phase == 0:
+                        # the list shifted left past v's slot; re-find our position
+                        for j2 in range(n_running[r]):
+                            if run[r, j2] == i:
+                                j = j2 + 1
+                if victim_self or need > free_blocks[r]:
+                    continue
+                free_blocks[r] -= need
+                blocks[i] += need
+                b_req[nb] = i
+                b_chunk[nb] = c
+                nb += 1
+                budget -= c
+    # 2) admit waiting requests in FCFS order (none after a preemption in this step)
+    if not decode_only and not preempted_now:
+        while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
+            i = q_head[r]
+            prefix_hit_nb(rq, rp, r, i)
+            c = prompt[i] + generated[i] - computed[i]
+            if c > budget:
+                if pol == C.ORCA or pol == C.VLLM_V0:
+                    if nb > 0:
+                        break
+                else:
+                    c = budget
+            need = blocks_for_nb(computed[i] + c, cfg.block_size) - blocks[i]
+            if free_blocks[r] - need < cfg.watermark_blocks:
+                break
+            pop_front_nb(rq, rp, r)
+            if status[i] == C.SWAPPED:
+                swap_s += swap_seconds_nb(p, cfg, rq, i)
+            status[i] = C.RUNNING
+            if math.isnan(rq.scheduled[i]):
+                rq.scheduled[i] = now
+            free_blocks[r] -= need
+            blocks[i] += need
+            run[r, n_running[r]] = i
+            n_running[r] += 1
+            b_req[nb] = i
+            b_chunk[nb] = c
+            nb += 1
+            budget -= c
+    return nb, swap_s

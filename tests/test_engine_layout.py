@@ -1,0 +1,25 @@
+"""The engine's handlers and the reference simulator's methods correspond by name (issue #18)."""
+from __future__ import annotations
+
+import inspect
+
+from servesim.engine import events, schedule
+from servesim.reference import sim
+
+# kernel-only mechanics with no reference counterpart: the reference uses a deque and a list
+MECHANICS = {"drop_running", "push_back", "push_front", "pop_front", "log_iteration"}
+
+
+def _handlers(module):
+    return {name[:-3] for name, f in vars(module).items()
+            if name.endswith("_nb") and getattr(f, "py_func", None) is not None
+            and inspect.getmodule(f.py_func) is module}
+
+
+def test_every_handler_has_a_reference_method_of_the_same_name():
+    names = _handlers(events) | _handlers(schedule)
+    assert {"complete", "arrive", "route", "schedule", "launch", "static_batch", "continuous_batch",
+            "preempt", "prefix_hit"} <= names
+    reference = set(vars(sim.ReferenceSimulator)) | set(vars(sim))
+    missing = {n for n in names - MECHANICS if n not in reference}
+    assert not missing, f"handlers without a reference method of the same name: {sorted(missing)}"
