@@ -11,9 +11,11 @@ from numba import njit
 
 from ..costmodel.iteration import iteration_components_nb
 from . import codes as C
+from .jit import HANDLER
+from .nextevent import set_time_nb
 from .schedule import blocks_for_nb, continuous_batch_nb, drop_running_nb, push_back_nb, static_batch_nb
 from .state import (
-    ENDED, HANDLER, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, NEXT_ARRIVAL, ROUTED, SENT, STAT_ATTN, STAT_BUSY,
+    ENDED, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, NEXT_ARRIVAL, ROUTED, SENT, STAT_ATTN, STAT_BUSY,
     STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX, STAT_KV_TIME,
     STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
 )
@@ -46,7 +48,7 @@ def end_nb(cfg, rq, ctr, i, status, now):
 def wake_nb(cfg, rp, r, at):
     """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free."""
     if rp.n_in_flight[r] < cfg.pp:
-        rp.wake_at[r] = at
+        set_time_nb(rp.wake_at, rp.wake_tree, r, at)
 
 
 @njit(inline="always", **HANDLER)
@@ -57,7 +59,7 @@ def complete_nb(cfg, rq, rp, ctr, stats, gap_hist, r, s, now):
     last_token, max_gap, in_flight = rq.last_token, rq.max_gap, rq.in_flight
     slot_req, slot_chunk = rp.slot_req, rp.slot_chunk
     k = r * cfg.pp + s
-    rp.slot_end[k] = INF
+    set_time_nb(rp.slot_end, rp.slot_tree, k, INF)
     rp.n_in_flight[r] -= 1
     if rp.n_in_flight[r] == 0:
         stats[STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
@@ -151,7 +153,7 @@ def arrive_nb(cfg, rq, rp, ctr, now):
 @njit(inline="always", **HANDLER)
 def schedule_nb(p, cfg, rq, rp, step, ctr, stats, log, r, now):
     """A scheduling decision on replica r: form one micro-batch and launch it."""
-    rp.wake_at[r] = INF
+    set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     swap_s = 0.0
     if cfg.policy == C.STATIC:
         nb = static_batch_nb(cfg, rq, rp, step, r, now)
@@ -204,7 +206,7 @@ def launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
     if rp.n_in_flight[r] == 0:
         rp.inflight_since[r] = now
     if PP == 1:
-        rp.slot_end[k] = now + latency
+        t_out = now + latency
     else:
         # a pipeline is first in, first out: each later stage takes the micro-batch when the
         # previous stage has passed it on and the stage has finished the one before it
@@ -216,8 +218,8 @@ def launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
                 t_out = stage_free[r, st]
             t_out += d
             stage_free[r, st] = t_out
-        rp.slot_end[k] = t_out
         stats[STAT_STAGE_BUSY] += d
+    set_time_nb(rp.slot_end, rp.slot_tree, k, t_out)
     rp.slot_n[k] = nb
     slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
     for j in range(nb):

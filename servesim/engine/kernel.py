@@ -4,11 +4,12 @@ Arrays in, an `EngineOutput` out; no Python objects. Events are ordered by (time
 a micro-batch completion (which frees KV blocks and emits tokens) comes before an arrival at the
 same instant, and an arrival before a scheduling decision, so a request arriving exactly when
 blocks free up is admitted in that same scheduling step. Ties among completions go to the lowest
-(replica, slot); among replicas ready to schedule, to the lowest replica index.
+(replica, slot); among replicas ready to schedule, to the lowest replica index. The earliest of
+each kind is kept in a tournament tree (`nextevent.py`), so choosing it does not scan the replicas.
 
 The state is declared in `state.py`, the handlers are in `events.py` (one per event kind) and the
 batch formation policies in `schedule.py`. `simulate_nb` allocates the state and `run_nb` runs the
-loop over it; the handlers are inlined into the loop, which borrows the arrays (`state.HANDLER`).
+loop over it; the handlers are inlined into the loop, which borrows the arrays (`jit.HANDLER`).
 """
 from __future__ import annotations
 
@@ -17,39 +18,15 @@ from numba import njit
 
 from . import codes as C
 from .events import arrive_nb, complete_nb, schedule_nb
+from .jit import HANDLER
+from .nextevent import first_nb
 from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are read from here)
-    ENDED, HANDLER, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
+    ENDED, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
     STAT_TOKENS_TIME, EngineConfig, EngineOutput, engine_output_nb, n_groups_nb, new_counters, new_log,
     new_replicas, new_requests, new_step,
 )
-
-
-@njit(**HANDLER)
-def next_completion_nb(rp):
-    """(time, slot) of the earliest micro-batch to come out; ties to the lowest slot."""
-    t = INF
-    k = -1
-    end = rp.slot_end
-    for j in range(end.shape[0]):
-        if end[j] < t:
-            t = end[j]
-            k = j
-    return t, k
-
-
-@njit(**HANDLER)
-def next_wake_nb(rp):
-    """(time, replica) of the earliest scheduling decision; ties to the lowest replica."""
-    t = INF
-    r = -1
-    wake = rp.wake_at
-    for j in range(wake.shape[0]):
-        if wake[j] < t:
-            t = wake[j]
-            r = j
-    return t, r
 
 
 @njit(cache=True)
@@ -68,13 +45,13 @@ def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit):
 
 @njit(**HANDLER)
 def run_nb(p, cfg, rq, rp, step, log, ctr, stats, gap_hist):
-    """The event loop over state the caller owns (see `state.py`: no reference counting here)."""
+    """The event loop over state the caller owns (borrowed: see `jit.py`)."""
     n = rq.prompt.shape[0]
     now = 0.0
     while ctr[ENDED] < n:
-        t_comp, k = next_completion_nb(rp)
+        t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
         t_arr = rq.arrival[ctr[NEXT_ARRIVAL]] if ctr[NEXT_ARRIVAL] < ctr[SENT] else INF
-        t_sch, r = next_wake_nb(rp)
+        t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
         t = min(t_comp, min(t_arr, t_sch))
         if t == INF or t > cfg.max_time:
             break

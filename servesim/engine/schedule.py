@@ -11,7 +11,8 @@ import math
 from numba import njit
 
 from . import codes as C
-from .state import HANDLER, STAT_PREEMPTIONS
+from .jit import HANDLER
+from .state import STAT_PREEMPTIONS
 
 
 @njit(**HANDLER)

@@ -4,12 +4,6 @@ mutable arrays), built by jitted constructors, passed whole to the event handler
 
 Names follow the reference simulator (`servesim.reference.sim`): its `Request` and `Replica`
 attributes are the arrays of `Requests` and `Replicas` here, one element per request or replica.
-
-The kernel (`simulate_nb`) owns the arrays; the event loop and its handlers borrow them. They are
-compiled with `HANDLER`: without numba's reference counting (as numba's own string and sort helpers
-are), since counting every array of every NamedTuple in and out of each call (~11 ns an array here)
-tripled the time per iteration; and without a Python entry point, which they never need. A handler
-must not allocate an array (numba refuses to compile one that does).
 """
 from __future__ import annotations
 
@@ -19,8 +13,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .nextevent import new_tree_nb
+
 INF = math.inf
-HANDLER = dict(cache=True, _nrt=False, no_cpython_wrapper=True)
 
 
 class EngineConfig(NamedTuple):
@@ -128,8 +123,10 @@ class Replicas(NamedTuple):
     free_blocks: np.ndarray
     load: np.ndarray            # waiting + running, what the routers compare
     next_free: np.ndarray       # first pipeline stage free at
-    wake_at: np.ndarray         # pending scheduling decision (inf: none)
-    slot_end: np.ndarray        # (R * pp) when the micro-batch in the slot comes out (inf: empty)
+    wake_at: np.ndarray         # pending scheduling decision (inf: none); padded, see nextevent.py
+    wake_tree: np.ndarray       # the earliest wake_at
+    slot_end: np.ndarray        # (R * pp) when the micro-batch in the slot comes out (inf: empty); padded
+    slot_tree: np.ndarray       # the earliest slot_end
     slot_n: np.ndarray          # (R * pp) its members
     slot_req: np.ndarray        # (R * pp, max_num_seqs)
     slot_chunk: np.ndarray      # (R * pp, max_num_seqs) tokens each member runs
@@ -172,9 +169,11 @@ def new_replicas(cfg, n_groups):
     R = cfg.replicas
     B = cfg.max_num_seqs
     S = R * cfg.pp
+    wake_at, wake_tree = new_tree_nb(R)
+    slot_end, slot_tree = new_tree_nb(S)
     return Replicas(np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.zeros(R, np.int64),
                     np.full((R, B), -1, np.int64), np.zeros(R, np.int64), np.full(R, cfg.num_blocks, np.int64),
-                    np.zeros(R, np.int64), np.zeros(R), np.full(R, INF), np.full(S, INF), np.zeros(S, np.int64),
+                    np.zeros(R, np.int64), np.zeros(R), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
                     np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(R, np.int64), np.zeros(R),
                     np.zeros((R, cfg.pp)), np.zeros(R, np.int64), np.zeros(R, np.int64),
                     np.zeros((R, n_groups), np.bool_))
