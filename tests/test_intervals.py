@@ -63,6 +63,21 @@ def test_batch_size_grows_with_the_correlation():
     assert true / 2 <= sizes[2] <= 2 * true, (sizes, true)
 
 
+def test_long_series_choose_the_batch_count_of_the_ungrouped_search(monkeypatch):
+    """Above GROUP_ABOVE values the batch size is searched on group means; the intervals see it only
+    through num_batches, which must equal that of the search on every value, weak to strong correlation
+    (the true AR(1) batch size ranges from 1 to beyond n / 3 here)."""
+    rng = np.random.default_rng(5)
+    n = 2 * I.GROUP_ABOVE + 123
+    for phi in (0.0, 0.9, 0.999, 0.99995):
+        x = ar1(n, phi, rng)
+        grouped = I.num_batches(n, I.batch_size(x))
+        with monkeypatch.context() as m:
+            m.setattr(I, "GROUP_ABOVE", 10 * n)
+            direct = I.num_batches(n, I.batch_size(x))
+        assert grouped == direct, (phi, grouped, direct)
+
+
 def test_intervals_cover_an_autocorrelated_series():
     """AR(1), phi = 0.9 (integrated autocorrelation time 19), 2,000 values, 300 seeds: the batch-means
     intervals hold the true mean and quantiles in 90-99% of seeds; i.i.d. ones would not."""
