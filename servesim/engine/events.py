@@ -94,7 +94,7 @@ def complete_nb(cfg, rq, rp, ctr, stats, gap_hist, r, s, now):
                 rp.pad_kv[r] += computed[i]
             rp.free_blocks[r] += rq.blocks[i]
             rq.blocks[i] = 0
-            drop_running_nb(rp, r, i)
+            drop_running_nb(rp.running, rp.n_running, r, i)
             end_nb(cfg, rq, ctr, i, C.DONE, now)
     rp.slot_n[k] = 0
     if rp.n_running[r] == 0 and cfg.policy == C.STATIC:
@@ -145,7 +145,7 @@ def arrive_nb(cfg, rq, rp, ctr, now):
         end_nb(cfg, rq, ctr, i, C.REJECTED, now)
         return
     rq.status[i] = C.WAITING
-    push_back_nb(rq, rp, r, i)
+    push_back_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, i)
     rp.load[r] += 1
     wake_nb(cfg, rp, r, max(rp.next_free[r], now))
 

@@ -21,45 +21,45 @@ def blocks_for_nb(tokens, block_size):
 
 
 @njit(**HANDLER)
-def drop_running_nb(rp, r, i):
+def drop_running_nb(running, n_running, r, i):
     """Remove request i from replica r's running list, keeping admission order."""
-    run = rp.running
     k = 0
-    for j in range(rp.n_running[r]):
-        if run[r, j] != i:
-            run[r, k] = run[r, j]
+    for j in range(n_running[r]):
+        if running[r, j] != i:
+            running[r, k] = running[r, j]
             k += 1
-    rp.n_running[r] = k
+    n_running[r] = k
 
 
+# each replica's waiting queue: a linked list through q_next, from q_head[r] to q_tail[r]
 @njit(**HANDLER)
-def push_back_nb(rq, rp, r, i):
-    rq.q_next[i] = -1
-    if rp.q_tail[r] < 0:
-        rp.q_head[r] = i
+def push_back_nb(q_next, q_head, q_tail, n_waiting, r, i):
+    q_next[i] = -1
+    if q_tail[r] < 0:
+        q_head[r] = i
     else:
-        rq.q_next[rp.q_tail[r]] = i
-    rp.q_tail[r] = i
-    rp.n_waiting[r] += 1
+        q_next[q_tail[r]] = i
+    q_tail[r] = i
+    n_waiting[r] += 1
 
 
 @njit(**HANDLER)
-def push_front_nb(rq, rp, r, i):
-    rq.q_next[i] = rp.q_head[r]
-    rp.q_head[r] = i
-    if rp.q_tail[r] < 0:
-        rp.q_tail[r] = i
-    rp.n_waiting[r] += 1
+def push_front_nb(q_next, q_head, q_tail, n_waiting, r, i):
+    q_next[i] = q_head[r]
+    q_head[r] = i
+    if q_tail[r] < 0:
+        q_tail[r] = i
+    n_waiting[r] += 1
 
 
 @njit(**HANDLER)
-def pop_front_nb(rq, rp, r):
-    i = rp.q_head[r]
-    rp.q_head[r] = rq.q_next[i]
-    if rp.q_head[r] < 0:
-        rp.q_tail[r] = -1
-    rq.q_next[i] = -1
-    rp.n_waiting[r] -= 1
+def pop_front_nb(q_next, q_head, q_tail, n_waiting, r):
+    i = q_head[r]
+    q_head[r] = q_next[i]
+    if q_head[r] < 0:
+        q_tail[r] = -1
+    q_next[i] = -1
+    n_waiting[r] -= 1
     return i
 
 
@@ -91,8 +91,8 @@ def preempt_nb(p, cfg, rq, rp, stats, r, v):
     rq.blocks[v] = 0
     rq.preemptions[v] += 1
     stats[STAT_PREEMPTIONS] += 1
-    drop_running_nb(rp, r, v)
-    push_front_nb(rq, rp, r, v)
+    drop_running_nb(rp.running, rp.n_running, r, v)
+    push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, v)
     return swap_s
 
 
@@ -106,7 +106,7 @@ def static_batch_nb(cfg, rq, rp, step, r, now):
             need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
             if need > rp.free_blocks[r]:
                 break
-            pop_front_nb(rq, rp, r)
+            pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
             rp.free_blocks[r] -= need
             rq.blocks[i] = need
             rq.status[i] = C.RUNNING
@@ -241,7 +241,7 @@ def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
             need = blocks_for_nb(computed[i] + c, cfg.block_size) - blocks[i]
             if free_blocks[r] - need < cfg.watermark_blocks:
                 break
-            pop_front_nb(rq, rp, r)
+            pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
             if status[i] == C.SWAPPED:
                 swap_s += swap_seconds_nb(p, cfg, rq, i)
             status[i] = C.RUNNING
