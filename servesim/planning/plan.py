@@ -103,7 +103,7 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
     def t(tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec, interval=True):
         r = iteration_components_nb(p, float(tp_tok), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
                                     float(n_dec), float(kv_dec))
-        return float(r[6] if interval else r[5])
+        return float(r.interval if interval else r.latency)
 
     isl, osl = float(prompt.mean()), float(max(output.mean(), 1.0))
     kv_cap = rc.memory.kv_capacity_tokens
