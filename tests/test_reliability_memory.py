@@ -89,11 +89,9 @@ def test_unknown_available_memory_skips_the_check(machine):
 def test_cli_fails_fast_with_one_line(machine, args, words):
     machine(4 * GB)
     t0 = time.perf_counter()
-    msg = one_line_error(*args)
+    msg = one_line_error(*args, must_contain=words)
     assert "MemoryError" not in msg
     assert time.perf_counter() - t0 < 10
-    for w in words:
-        assert w in msg, msg
 
 
 # ----------------------------------------------------------------------------- sweep and plan caps
@@ -122,11 +120,9 @@ def test_grid_times_rates_is_capped():
 ])
 def test_cli_point_caps(args, words):
     t0 = time.perf_counter()
-    msg = one_line_error(*args)
+    msg = one_line_error(*args, must_contain=words)
     assert "MemoryError" not in msg
     assert time.perf_counter() - t0 < 10
-    for w in words:
-        assert w in msg, msg
 
 
 @pytest.mark.slow
