@@ -35,6 +35,35 @@ class EngineConfig(NamedTuple):
     kv_bytes_per_token: float   # per GPU, for swap traffic
     log_size: int               # iteration samples kept (decimated)
     frontend: float             # closed loop: a client's next request reaches the engine this long after it is sent
+    prefix_caching: int = 0     # 1: automatic prefix caching over `Chains` (POOLS.md)
+    layerwise: int = 0          # 1: KV transfers pipelined layer by layer (only the last layer exposed)
+
+
+class Pools(NamedTuple):
+    """One element per pool (POOLS.md); pool k's replicas are first[k] .. first[k] + count[k] - 1."""
+    role: np.ndarray            # codes.MIXED, PREFILL, DECODE
+    first: np.ndarray
+    count: np.ndarray
+    pp: np.ndarray
+    num_blocks: np.ndarray      # KV blocks per replica
+    watermark_blocks: np.ndarray
+    cpu_blocks: np.ndarray      # CPU-tier blocks per replica (0: none)
+    kv_bytes_per_token: np.ndarray   # per GPU (swap and CPU-tier traffic)
+    kv_bytes_total: np.ndarray  # per token, all GPUs of a replica (KV transfers)
+    kv_gpus: np.ndarray         # GPUs a replica's KV cache is spread over
+    n_layers: np.ndarray
+    weight: np.ndarray          # router weight (capacity per replica)
+    link_bw: np.ndarray         # (P, P) achieved B/s between a GPU of pool a and one of pool b
+    link_alpha: np.ndarray      # (P, P) s
+
+
+class Chains(NamedTuple):
+    """Prefix-cache block ids per request (equal id: equal content) and session turns (POOLS.md)."""
+    start: np.ndarray
+    length: np.ndarray
+    ids: np.ndarray
+    next_turn: np.ndarray       # the session's next request (-1: none)
+    think: np.ndarray           # s from the previous turn's end to this request's send
 
 
 class EngineOutput(NamedTuple):
