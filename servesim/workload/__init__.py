@@ -13,12 +13,14 @@ from servesim.workload.spec import (
     DEFAULT_NUM_REQUESTS,
     TRACE_MODES,
     Requests,
+    Sessions,
     SharedPrefix,
     WorkloadSpec,
     build_requests,
     clip_to_context,
     list_workloads,
     load_workload,
+    with_sessions,
     with_shared_prefix,
 )
 from servesim.workload.traces import Trace, read_trace
@@ -27,7 +29,7 @@ __all__ = [
     "DIURNAL_CURVE", "PROCESSES", "arrival_times", "offline_arrivals", "parse_stages", "stage_arrivals",
     "stage_bounds",
     "KINDS", "LengthSpec", "sample_lengths",
-    "DEFAULT_NUM_REQUESTS", "TRACE_MODES", "Requests", "SharedPrefix", "WorkloadSpec", "build_requests",
-    "clip_to_context", "list_workloads", "load_workload", "with_shared_prefix",
+    "DEFAULT_NUM_REQUESTS", "TRACE_MODES", "Requests", "Sessions", "SharedPrefix", "WorkloadSpec", "build_requests",
+    "clip_to_context", "list_workloads", "load_workload", "with_sessions", "with_shared_prefix",
     "Trace", "read_trace",
 ]

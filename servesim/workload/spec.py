@@ -1,13 +1,13 @@
 """Named workloads (workloads/*.toml) and turning a workload into request arrays.
 
 A workload is a prompt-length distribution, an output-length distribution, an optional trace (for
-replay), an optional shared prefix (system prompts shared by groups of users) and a default request
-rate. `load_workload` reads one; `build_requests` draws `n` requests from it as a `Requests` bundle of
+replay), an optional shared prefix (system prompts shared by groups of users) or multi-turn sessions
+(chat conversations whose turns resend their history), and a default request rate. `load_workload` reads one; `build_requests` draws `n` requests from it as a `Requests` bundle of
 NumPy arrays, the form the engine takes.
 
 Randomness: `build_requests` derives independent child streams from `numpy.random.SeedSequence(seed)`
 (the seeding `numpy.random.default_rng(seed)` uses) for arrivals, prompts, outputs, joint
-(prompt, output) draws and the user of each request, so changing the rate, the arrival process or
+(prompt, output) draws, the user of each request and the think times of session turns, so changing the rate, the arrival process or
 the stages never changes the lengths, and overriding one length never changes the other.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from servesim.errors import ConfigError
 from servesim.paths import traces_dir, workloads_dir
-from servesim.workload.arrivals import DIURNAL_CURVE, arrival_times, parse_stages, stage_arrivals
+from servesim.workload.arrivals import DIURNAL_CURVE, _rate, arrival_times, parse_stages, stage_arrivals
 from servesim.workload.lengths import KINDS, LengthSpec, clip_lengths, sample_lengths
 from servesim.workload.traces import Trace, read_trace
 
@@ -46,6 +46,15 @@ class SharedPrefix:
 
 
 @dataclass(frozen=True)
+class Sessions:
+    """Multi-turn chat sessions of `turns_per_session` turns. Turn 0's prompt is a question (the
+    workload's prompt lengths); turn n's prompt is turn n-1's prompt + its output + a new question.
+    Turn n is sent `think` seconds after turn n-1 ends, exponential with mean `think_time_s`."""
+    turns_per_session: int
+    think_time_s: float
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     name: str
     description: str
@@ -55,21 +64,30 @@ class WorkloadSpec:
     trace: Trace | None      # kept for replay/scale, and for joint (prompt, output) sampling
     default_rate: float      # requests/s when no rate is given
     shared_prefix: SharedPrefix | None = None  # with it, `prompt` is the question after the system prompt
+    sessions: Sessions | None = None  # with it, `prompt` is each turn's new question
 
 
 class Requests(NamedTuple):
-    arrival: np.ndarray       # float64 seconds, non-decreasing
+    arrival: np.ndarray       # float64 seconds, non-decreasing (inf: a session's follow-up turn, sent
+                              # `think` s after its previous turn ends; follow-ups come after all first turns)
     prompt: np.ndarray        # int64 prompt tokens (shared prefix included)
     output: np.ndarray        # int64 output tokens
     prefix_group: np.ndarray  # int64 shared-prefix group (system prompt) of the request, -1: none
     prefix_len: np.ndarray    # int64 tokens of the prompt shared with its group, 0: none (< prompt)
+    session: np.ndarray       # int64 session of the request (= index of its first turn), -1: none
+    turn: np.ndarray          # int64 turn of the request in its session (0: first, or no session)
+    next_turn: np.ndarray     # int64 index of the session's next request, -1: none
+    think: np.ndarray         # float64 s from the end of the previous turn to sending this one (0: first)
 
 
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {"name": True, "description": True, "source": True, "default_rate": True,
-             "prompt": True, "output": True, "shared_prefix": False}  # key -> required
+             "prompt": True, "output": True, "shared_prefix": False,
+             "sessions": False}  # key -> required
 _SHARED_KEYS = {"num_system_prompts": True, "users_per_system_prompt": False, "system_prompt_len": True}
+_SESSION_KEYS = ("turns_per_session", "think_time_s")  # both required in [sessions]
+_SESSION_OPTIONS = {"turns_per_session": "--turns-per-session", "think_time_s": "--think-time"}
 _SHARED_OPTIONS = {"num_system_prompts": "--num-system-prompts", "users_per_system_prompt": "--users-per-system-prompt",
                    "system_prompt_len": "--system-prompt-len"}
 _KIND_KEYS = {
@@ -163,10 +181,66 @@ def _from_toml(p: Path) -> WorkloadSpec:
         specs[section], used[section] = _length_spec(p, section, table, traces, where)
     same = used["prompt"] is not None and used["prompt"] == used["output"]
     shared = _shared_prefix_table(data["shared_prefix"], where) if "shared_prefix" in data else None
+    sessions = _sessions_table(data["sessions"], where) if "sessions" in data else None
+    if shared is not None and sessions is not None:
+        raise ConfigError(f"{where(None, 'sessions')}: [sessions] and [shared_prefix] together are not "
+                          "supported; keep one of the two tables")
     return WorkloadSpec(name=data["name"], description=data["description"], source=data["source"],
                         prompt=specs["prompt"], output=specs["output"],
                         trace=traces[used["prompt"]] if same else None, default_rate=float(rate),
-                        shared_prefix=shared)
+                        shared_prefix=shared, sessions=sessions)
+
+
+def _sessions_table(table, where) -> Sessions:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where(None, 'sessions')}: sessions must be a table ([sessions])")
+    for key in table:
+        if key not in _SESSION_KEYS:
+            raise ConfigError(f"{where('sessions', key)}: [sessions] unknown key {key!r}; "
+                              f"allowed: {', '.join(_SESSION_KEYS)}")
+    for key in _SESSION_KEYS:
+        if key not in table:
+            raise ConfigError(f"{where('sessions', 'sessions')}: [sessions] missing key {key!r}; "
+                              f"it needs {', '.join(_SESSION_KEYS)}")
+    turns, think = table["turns_per_session"], table["think_time_s"]
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ConfigError(f"{where('sessions', 'turns_per_session')}: [sessions] turns_per_session = {turns!r}; "
+                          "use an integer >= 1")
+    if isinstance(think, bool) or not isinstance(think, (int, float)) or not (0 <= think < math.inf):
+        raise ConfigError(f"{where('sessions', 'think_time_s')}: [sessions] think_time_s = {think!r}; "
+                          "use a finite number of seconds >= 0")
+    return Sessions(int(turns), float(think))
+
+
+def with_sessions(spec: WorkloadSpec, turns_per_session=None, think_time_s=None) -> WorkloadSpec:
+    """`spec` with its sessions set or overridden (None: keep the workload's). Without a `[sessions]`
+    in the workload, `turns_per_session` is needed (`think_time_s` defaults to 0 s); the workload's
+    prompt lengths become the question lengths of each turn."""
+    if turns_per_session is None and think_time_s is None:
+        return spec
+    if turns_per_session is not None and (isinstance(turns_per_session, bool) or
+                                          not isinstance(turns_per_session, (int, np.integer)) or
+                                          turns_per_session < 1):
+        raise ConfigError(f"--turns-per-session {turns_per_session!r} is not valid; use an integer >= 1")
+    if think_time_s is not None:
+        try:
+            t = float(think_time_s)
+        except (TypeError, ValueError):
+            t = float("nan")
+        if isinstance(think_time_s, bool) or not (0 <= t < math.inf):
+            raise ConfigError(f"--think-time {think_time_s!r} is not valid; use a finite number of seconds >= 0")
+    if spec.shared_prefix is not None:
+        raise ConfigError(f"--turns-per-session/--think-time: workload {spec.name!r} has a shared prefix, and "
+                          "sessions with a shared prefix are not supported; use a workload without one")
+    base = spec.sessions
+    if base is None:
+        if turns_per_session is None:
+            raise ConfigError(f"--think-time {think_time_s!r}: sessions also need --turns-per-session (workload "
+                              f"{spec.name!r} has no [sessions]); e.g. --turns-per-session 3 --think-time 30")
+        base = Sessions(1, 0.0)
+    merged = Sessions(int(turns_per_session if turns_per_session is not None else base.turns_per_session),
+                      float(think_time_s if think_time_s is not None else base.think_time_s))
+    return replace(spec, sessions=merged)
 
 
 def _shared_prefix_table(table, where) -> SharedPrefix:
@@ -201,6 +275,10 @@ def with_shared_prefix(spec: WorkloadSpec, num_system_prompts=None, users_per_sy
     given = {k: v for k, v in given.items() if v is not None}
     if not given:
         return spec
+    if spec.sessions is not None:
+        named = ", ".join(f"{_SHARED_OPTIONS[k]} {v}" for k, v in given.items())
+        raise ConfigError(f"{named}: workload {spec.name!r} has [sessions], and sessions with a shared prefix "
+                          "are not supported; use a workload without sessions")
     for key, v in given.items():
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             unit = " tokens" if key == "system_prompt_len" else ""
@@ -326,6 +404,11 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
     With `spec.shared_prefix` (N system prompts of L tokens, M users each) every request is sent by
     one of the N x M users, drawn uniformly at random from its own stream; its prompt is L tokens of
     its group's system prompt plus the question, `prefix_group` = user // M and `prefix_len` = L.
+
+    With `spec.sessions` (T turns per session, mean think time): see `_session_requests`. `n` counts
+    requests (turns); `rate` stays requests/s, so sessions start at rate / (mean turns per session);
+    `question_len` fixes every turn's question, `osl` every output; stages, window, replay/scale and
+    `isl` are refused. Without sessions `session` is -1, `turn` 0, `next_turn` -1 and `think` 0.
     """
     if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
         raise ConfigError(f"--num-requests {n!r} is not valid; use an integer >= 1")
@@ -334,10 +417,14 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
     if trace_mode not in TRACE_MODES:
         raise ConfigError(f"--trace-mode {trace_mode!r} unknown; use one of {', '.join(TRACE_MODES)}")
     rate = spec.default_rate if rate is None else rate
-    arr_ss, prompt_ss, output_ss, joint_ss, user_ss = np.random.SeedSequence(int(seed)).spawn(5)
+    arr_ss, prompt_ss, output_ss, joint_ss, user_ss, think_ss = np.random.SeedSequence(int(seed)).spawn(6)
     arr_rng, prompt_rng, output_rng, joint_rng = (np.random.default_rng(s)
                                                   for s in (arr_ss, prompt_ss, output_ss, joint_ss))
     curve = DIURNAL_CURVE if daily_curve is None else daily_curve
+    if spec.sessions is not None:
+        return _session_requests(spec, n, rate, process, cv, offline, isl, osl, trace_mode, curve, max_len,
+                                 stages, question_len, window,
+                                 (arr_rng, prompt_rng, output_rng, joint_rng, np.random.default_rng(think_ss)))
 
     if stages is not None:
         stages = parse_stages(stages)
@@ -420,7 +507,95 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
                     np.ascontiguousarray(prompt, dtype=np.int64),
                     np.ascontiguousarray(output, dtype=np.int64),
                     np.ascontiguousarray(prefix_group, dtype=np.int64),
-                    np.ascontiguousarray(prefix_len, dtype=np.int64))
+                    np.ascontiguousarray(prefix_len, dtype=np.int64),
+                    np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                    np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64))
+
+
+def _session_requests(spec, n, rate, process, cv, offline, isl, osl, trace_mode, curve, max_len, stages,
+                      question_len, window, rngs) -> Requests:
+    """Multi-turn sessions (`spec.sessions`: T turns, think time mean m).
+
+    Session s draws T questions q[s, t] (the workload's prompt lengths, or `question_len`) and T outputs
+    o[s, t] (or `osl`); turn 0's prompt is q[s, 0] (with `max_len`, turn 0 is fitted like any request:
+    `clip_to_context`), turn t's prompt is prompt[t-1] + o[s, t-1] + q[s, t]. With `max_len`, the session
+    ends before the first turn whose prompt + output exceeds it (prompt + output grows with t, so it
+    never resumes). Sessions are drawn until `n` turns exist; the last one is cut to make exactly `n`.
+
+    Arrivals: the S session starts follow `process` at rate * S / n sessions/s, so requests are offered
+    at `rate`/s on average (rate / T when no session is cut short). Follow-up turns have arrival inf,
+    `think` ~ Exponential(mean m) from their own stream, and are sent `think` s after their previous
+    turn ends (the engine's job, through `next_turn`). Order: the S first turns come first, at indices
+    0..S-1 in arrival order (session id = that index), then all follow-up turns grouped by session
+    (session 0's turns 1, 2, ..., then session 1's, ...).
+    """
+    arr_rng, prompt_rng, output_rng, joint_rng, think_rng = rngs
+    T, mean_think = spec.sessions.turns_per_session, spec.sessions.think_time_s
+    for bad, given in (("--stages", stages is not None), ("--duration (an arrival window)", window is not None),
+                       (f"--trace-mode {trace_mode}", trace_mode != "lengths"),
+                       (f"--isl {isl!r}", isl is not None)):
+        if given:
+            hint = ("fix each turn's new question with --question-len Q" if bad.startswith("--isl") else
+                    "sessions need --num-requests N open-loop arrivals (or --offline) with --trace-mode lengths")
+            raise ConfigError(f"{bad} does not apply to the sessions workload {spec.name!r} "
+                              f"({T} turns per session); {hint}")
+    if spec.shared_prefix is not None:
+        raise ConfigError(f"workload {spec.name!r}: sessions with a shared prefix are not supported; "
+                          "drop [shared_prefix] or [sessions]")
+    n = DEFAULT_NUM_REQUESTS if n is None else int(n)
+    if not offline:
+        rate = _rate(rate)
+    if max_len is not None:
+        clip_to_context(np.ones(1, np.int64), np.ones(1, np.int64), max_len)  # validates max_len
+
+    # every session has >= 1 turn, so n sessions always hold n turns
+    q, o = _sample_pair(spec, n * T, prompt_rng, output_rng, joint_rng)
+    q, o = q.reshape(n, T).astype(np.int64), o.reshape(n, T).astype(np.int64)
+    if question_len is not None:
+        q[:] = _override("--question-len", question_len)
+    if osl is not None:
+        o[:] = _override("--osl", osl)
+    if max_len is not None:
+        q[:, 0], o[:, 0] = clip_to_context(q[:, 0], o[:, 0], max_len)
+    prompt = np.cumsum(q, axis=1) + np.cumsum(o, axis=1) - o
+    turns = np.full(n, T, dtype=np.int64)
+    if max_len is not None:
+        fits = prompt + o <= int(max_len)
+        fits[:, 0] = True
+        turns = fits.sum(axis=1)       # fits is True up to the first turn that does not fit, then False
+    cum = np.cumsum(turns)
+    S = int(np.searchsorted(cum, n)) + 1   # first session at which n turns exist
+    turns = turns[:S].copy()
+    turns[-1] -= int(cum[S - 1]) - n
+    prompt, o = prompt[:S], o[:S]
+    think = think_rng.exponential(mean_think, size=(n, T))[:S]
+    think[:, 0] = 0.0
+
+    if offline:
+        starts = np.zeros(S, dtype=np.float64)
+    else:
+        starts = arrival_times(S, rate * S / n, arr_rng, process=process, cv=cv, daily_curve=curve)
+    t_idx = np.arange(T)
+    mask = t_idx[None, :] < turns[:, None]
+    idx = np.full((S, T), -1, dtype=np.int64)
+    idx[:, 0] = np.arange(S)
+    idx[:, 1:][mask[:, 1:]] = S + np.arange(n - S)
+    nxt = np.full((S, T), -1, dtype=np.int64)
+    nxt[:, :-1] = idx[:, 1:]
+    arrival = np.full((S, T), np.inf)
+    arrival[:, 0] = starts
+    where = idx[mask]
+
+    def flat(grid, dtype):
+        out = np.empty(n, dtype=dtype)
+        out[where] = grid[mask]
+        return out
+
+    return Requests(flat(arrival, np.float64), flat(prompt, np.int64), flat(o, np.int64),
+                    np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                    flat(np.broadcast_to(np.arange(S)[:, None], (S, T)), np.int64),
+                    flat(np.broadcast_to(t_idx[None, :], (S, T)), np.int64),
+                    flat(nxt, np.int64), flat(think, np.float64))
 
 
 def _show_stages(stages) -> str:
