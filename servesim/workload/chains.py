@@ -1,0 +1,67 @@
+"""Prefix-cache block-id chains of a workload's requests (engine/POOLS.md, `Chains`).
+
+Equal id = equal content (the hash chain of vLLM's automatic prefix caching). Every request that can
+share KV blocks with others reads one *stream* of tokens from its start:
+
+* shared prefix: group g's system prompt; request i holds its first `prefix_len[i] // bs` blocks;
+* sessions: the session's conversation. Turn n's prompt is turn n-1's prompt + output (its history)
+  + a new question, so turn n's tokens start with all of turn n-1's; turn n holds the first
+  `(prompt[i] + output[i]) // bs` full blocks of the conversation, and its blocks inside its history
+  are turn n-1's blocks.
+
+Block k of stream j has one id. A request lists only blocks that some other request also lists: in
+a stream the holders of block k are the requests holding more than k blocks, so block k is shared
+iff the second-largest holding of the stream exceeds k, and request i's chain is its first
+min(holding_i, second-largest holding of its stream) blocks (cut at its last shared block).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from servesim.engine.state import Chains
+from servesim.errors import ConfigError
+
+
+def block_chains(requests, block_size) -> Chains:
+    """`Chains` (start, length, ids, next_turn, think; int64 except think float64) for `requests`
+    (a workload `Requests`: prompt, output, prefix_group, prefix_len, and for sessions session,
+    next_turn, think) with KV blocks of `block_size` tokens."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+        raise ConfigError(f"--block-size {block_size!r} is not valid; use an integer >= 1 tokens")
+    bs = int(block_size)
+    prompt = np.asarray(requests.prompt, dtype=np.int64)
+    output = np.asarray(requests.output, dtype=np.int64)
+    n = prompt.size
+    group = np.asarray(requests.prefix_group, dtype=np.int64)
+    plen = np.asarray(requests.prefix_len, dtype=np.int64)
+    session = np.asarray(getattr(requests, "session", np.full(n, -1)), dtype=np.int64)
+    next_turn = np.asarray(getattr(requests, "next_turn", np.full(n, -1)), dtype=np.int64)
+    think = np.asarray(getattr(requests, "think", np.zeros(n)), dtype=np.float64)
+    in_group, in_session = group >= 0, session >= 0
+    if in_group.any() and in_session.any():
+        raise ConfigError("block chains: sessions with a shared prefix (prefix_group >= 0) are not supported; "
+                          "use a sessions workload without a shared prefix, or a shared prefix without sessions")
+
+    # stream of each request (-1: none) and the blocks of it the request holds
+    stream = np.where(in_session, session, group)
+    held = np.where(in_session, (prompt + output) // bs, np.where(in_group, plen // bs, 0))
+    held = np.where(stream >= 0, held, 0)
+    length = np.zeros(n, dtype=np.int64)
+    base = np.zeros(n, dtype=np.int64)
+    member = np.flatnonzero(stream >= 0)
+    if member.size:
+        order = member[np.lexsort((-held[member], stream[member]))]   # by stream, most blocks first
+        streams, first, count = np.unique(stream[order], return_index=True, return_counts=True)
+        second = np.where(count >= 2, held[order[np.minimum(first + 1, order.size - 1)]], 0)
+        offset = np.cumsum(second) - second                         # ids of stream j: offset[j] + k
+        pos = np.searchsorted(streams, stream[member])
+        length[member] = np.minimum(held[member], second[pos])
+        base[member] = offset[pos]
+    start = np.cumsum(length) - length
+    total = int(length.sum())
+    # ids[start[i] + k] = base[i] + k
+    owner = np.repeat(np.arange(n), length)
+    ids = base[owner] + (np.arange(total, dtype=np.int64) - start[owner])
+    return Chains(np.ascontiguousarray(start, dtype=np.int64), np.ascontiguousarray(length, dtype=np.int64),
+                  np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(next_turn, dtype=np.int64),
+                  np.ascontiguousarray(think, dtype=np.float64))
