@@ -1,7 +1,8 @@
 """One jitted handler per event kind, named as the reference simulator's methods
 (`servesim.reference.sim.ReferenceSimulator`): `complete` (a micro-batch comes out of the pipeline),
-`arrive` (a request reaches the engine, `route` picks its replica), `schedule` (a replica forms one
-micro-batch, `launch` prices it and puts it in flight), and `end` and `wake`, which they share.
+`transfer` (a KV transfer moves its last byte or ends), `arrive` (a request reaches the engine,
+`route` picks its replica), `schedule` (a replica forms one micro-batch, `launch` prices it and puts
+it in flight), and `end`, `wake` and `to_decode`, which they share. Semantics: engine/POOLS.md.
 """
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from numba import njit
 
 from ..costmodel.iteration import iteration_components_nb
 from . import codes as C
+from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_nb
 from .jit import HANDLER
 from .nextevent import set_time_nb
-from .schedule import blocks_for_nb, continuous_batch_nb, drop_running_nb, push_back_nb, static_batch_nb
+from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, take_nb
+from .schedule import continuous_batch_nb, drop_running_nb, push_back_nb, static_batch_nb
 from .state import (
-    ENDED, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, NEXT_ARRIVAL, ROUTED, SENT, STAT_ATTN, STAT_BUSY,
-    STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX, STAT_KV_TIME,
-    STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
+    ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
+    STAT_BUSY, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
+    STAT_KV_TIME, STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
 )
 
 
@@ -34,45 +37,59 @@ def gap_bin_nb(gap):
 
 
 @njit(**HANDLER)
-def end_nb(cfg, rq, ctr, i, status, now):
-    """Request i ends (done or rejected); in a closed loop its client sends the next request."""
+def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
+    """Request i ends (done or rejected); in a closed loop its client sends the next request, in a
+    session the next turn is sent after its think time."""
     rq.status[i] = status
     rq.finish[i] = now
     ctr[ENDED] += 1
     if cfg.concurrency > 0 and ctr[SENT] < rq.prompt.shape[0]:
         rq.arrival[ctr[SENT]] = now + cfg.frontend
         ctr[SENT] += 1
+    j = chains.next_turn[i]
+    if j >= 0:
+        rq.arrival[j] = now + chains.think[j] + cfg.frontend
+        heap_push_nb(flow, ctr, rq.arrival[j], j)
 
 
 @njit(**HANDLER)
-def wake_nb(cfg, rp, r, at):
+def wake_nb(pools, rp, r, at):
     """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free."""
-    if rp.n_in_flight[r] < cfg.pp:
+    if rp.n_in_flight[r] < pools.pp[rp.pool[r]]:
         set_time_nb(rp.wake_at, rp.wake_tree, r, at)
 
 
 @njit(inline="always", **HANDLER)
-def complete_nb(cfg, rq, rp, ctr, stats, gap_hist, r, s, now):
+def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
-    their blocks."""
-    computed, generated, prompt, group, hit = rq.computed, rq.generated, rq.prompt, rq.group, rq.hit
+    their blocks; on a prefill replica a finished prompt goes to a decode replica."""
+    computed, generated, prompt = rq.computed, rq.generated, rq.prompt
     last_token, max_gap, in_flight = rq.last_token, rq.max_gap, rq.in_flight
     slot_req, slot_chunk = rp.slot_req, rp.slot_chunk
+    pl = rp.pool[r]
     k = r * cfg.pp + s
     set_time_nb(rp.slot_end, rp.slot_tree, k, INF)
     rp.n_in_flight[r] -= 1
     if rp.n_in_flight[r] == 0:
-        stats[STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
+        stats[pl, STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
+    prefill_pool = pools.role[pl] == C.PREFILL
+    freed = False
     cached_gap = -1.0
     cached_bin = 0
     for j in range(rp.slot_n[k]):
         i = slot_req[k, j]
         in_flight[i] = False
         computed[i] += slot_chunk[k, j]
-        if group[i] >= 0 and hit[i] > 0 and computed[i] >= hit[i]:
-            rp.prefix_seen[r, group[i]] = True
+        if cfg.prefix_caching and not rq.reg_done[i]:
+            register_nb(cfg, rq, cache, chains, ctr, r, i)
         if computed[i] != prompt[i] + generated[i]:
             continue                # a prefill chunk that does not finish the prompt
+        if prefill_pool and generated[i] == 0 and rq.output[i] > 1:
+            drop_running_nb(rp.running, rp.n_running, r, i)
+            rq.status[i] = C.TRANSFER
+            rq.pf_replica[i] = r
+            to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, now - rp.slot_start[k], now)
+            continue
         generated[i] += 1
         if generated[i] == 1:
             rq.first_token[i] = now
@@ -92,81 +109,219 @@ def complete_nb(cfg, rq, rp, ctr, stats, gap_hist, r, s, now):
             if cfg.policy == C.STATIC:
                 rp.pad_seqs[r] += 1
                 rp.pad_kv[r] += computed[i]
-            rp.free_blocks[r] += rq.blocks[i]
+            release_nb(cfg, rq, rp, cache, chains, r, i, rq.blocks[i])
             rq.blocks[i] = 0
+            freed = True
             drop_running_nb(rp.running, rp.n_running, r, i)
-            end_nb(cfg, rq, ctr, i, C.DONE, now)
+            end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
     rp.slot_n[k] = 0
     if rp.n_running[r] == 0 and cfg.policy == C.STATIC:
         rp.pad_seqs[r] = 0
         rp.pad_kv[r] = 0
-    wake_nb(cfg, rp, r, max(rp.next_free[r], now))
+    wake_nb(pools, rp, r, max(rp.next_free[r], now))
+    if freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
+        retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
 
 
 @njit(**HANDLER)
-def route_nb(cfg, rq, rp, i, routed):
-    R = cfg.replicas
-    if R == 1:
-        return 0
+def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
+    """The router's choice among the replicas `lst` for request i."""
+    m = lst.shape[0]
+    if m == 1:
+        return lst[0]
     if cfg.router == C.ROUND_ROBIN:
-        return routed % R
+        return lst[routed % m]
     if cfg.router == C.RANDOM:
-        return min(int(rq.u1[i] * R), R - 1)
-    load = rp.load
+        return lst[min(int(rq.u1[i] * m), m - 1)]
+    load, weight, pool = rp.load, pools.weight, rp.pool
     if cfg.router == C.POWER_OF_TWO:
-        a = min(int(rq.u1[i] * R), R - 1)
-        b = min(int(rq.u2[i] * (R - 1)), R - 2)
-        if b >= a:
-            b += 1
-        if load[b] < load[a] or (load[b] == load[a] and b < a):
+        ja = min(int(rq.u1[i] * m), m - 1)
+        jb = min(int(rq.u2[i] * (m - 1)), m - 2)
+        if jb >= ja:
+            jb += 1
+        a = lst[ja]
+        b = lst[jb]
+        lb = load[b] / weight[pool[b]]
+        la = load[a] / weight[pool[a]]
+        if lb < la or (lb == la and b < a):
             return b
         return a
-    free = rp.free_blocks
-    best = 0
-    for r in range(1, R):
-        if cfg.router == C.LEAST_KV:
-            if free[r] > free[best] or (free[r] == free[best] and load[r] < load[best]):
+    free, nblk = rp.free_blocks, pools.num_blocks
+    best = lst[0]
+    best_h = -1
+    if prefix_aware:
+        best_h = cached_prefix_nb(cfg, rq, cache, chains, best, i)
+    for jj in range(1, m):
+        r = lst[jj]
+        lr = load[r] / weight[pool[r]]
+        lbest = load[best] / weight[pool[best]]
+        if prefix_aware:
+            h = cached_prefix_nb(cfg, rq, cache, chains, r, i)
+            if h > best_h or (h == best_h and lr < lbest):
                 best = r
-        else:
-            if load[r] < load[best]:
+                best_h = h
+        elif cfg.router == C.LEAST_KV:
+            fr = free[r] / nblk[pool[r]]
+            fb = free[best] / nblk[pool[best]]
+            if fr > fb or (fr == fb and lr < lbest):
                 best = r
+        elif lr < lbest:
+            best = r
     return best
 
 
+@njit(**HANDLER)
+def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
+    return pick_nb(cfg, rq, rp, pools, cache, chains, rp.entry, i, routed,
+                   cfg.router == C.PREFIX_AWARE and cfg.prefix_caching)
+
+
+@njit(**HANDLER)
+def fits_nb(pools, rp, d, need):
+    return rp.free_blocks[d] - need >= pools.watermark_blocks[rp.pool[d]]
+
+
+@njit(**HANDLER)
+def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_prefill, now):
+    """Request i's prompt is done on its prefill replica: reserve a decode replica and start the
+    transfer of its KV cache, or hold it (with its blocks) until a decode replica has room.
+    Returns whether the transfer started."""
+    need = blocks_for_nb(rq.prompt[i] + 1, cfg.block_size)
+    lst = rp.decode
+    d = pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, ctr[ROUTED_D], False)
+    m = lst.shape[0]
+    at = 0
+    for jj in range(m):
+        if lst[jj] == d:
+            at = jj
+    found = -1
+    for jj in range(m):
+        c = lst[(at + jj) % m]
+        if fits_nb(pools, rp, c, need):
+            found = c
+            break
+    if found < 0:
+        if t_prefill >= 0.0:        # first try: join the held FIFO (q_next links it)
+            rq.q_next[i] = -1
+            if ctr[HELD_TAIL] < 0:
+                ctr[HELD_HEAD] = i
+            else:
+                rq.q_next[ctr[HELD_TAIL]] = i
+            ctr[HELD_TAIL] = i
+        return False
+    ctr[ROUTED_D] += 1
+    take_nb(cfg, pools, rp, cache, ctr, prefix, found, need)
+    rp.load[found] += 1
+    rq.src_blocks[i] = rq.blocks[i]
+    rq.blocks[i] = need
+    rq.replica[i] = found
+    rq.reg_done[i] = True
+    P = rp.pool[rq.pf_replica[i]]
+    D = rp.pool[found]
+    g = pools.kv_gpus[P] if pools.kv_gpus[P] < pools.kv_gpus[D] else pools.kv_gpus[D]
+    nbytes = rq.prompt[i] * pools.kv_bytes_total[P] / g
+    if cfg.layerwise and t_prefill >= 0.0:
+        left = nbytes - pools.link_bw[P, D] * t_prefill
+        last = nbytes / pools.n_layers[P]
+        nbytes = left if left > last else last
+    start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now)
+    return True
+
+
+@njit(**HANDLER)
+def retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now):
+    """Decode blocks were freed: start the held transfers from the head while they fit."""
+    while ctr[HELD_HEAD] >= 0:
+        i = ctr[HELD_HEAD]
+        if not to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, -1.0, now):
+            return
+        ctr[HELD_HEAD] = rq.q_next[i]
+        rq.q_next[i] = -1
+        if ctr[HELD_HEAD] < 0:
+            ctr[HELD_TAIL] = -1
+
+
 @njit(inline="always", **HANDLER)
-def arrive_nb(cfg, rq, rp, ctr, now):
-    """The next request arrives: route it, reject it if it can never fit, else queue it."""
-    i = ctr[NEXT_ARRIVAL]
-    ctr[NEXT_ARRIVAL] += 1
-    r = route_nb(cfg, rq, rp, i, ctr[ROUTED])
+def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
+    """Transfer i moves its last byte (it then ends after the link's latency), or ends: the prefill
+    replica frees its blocks, the first token comes out, decoding starts on the decode replica."""
+    if math.isnan(rq.xfer_end[i]):
+        bytes_done_nb(pools, rq, rp, flow, ctr, i, now)
+        return
+    drop_transfer_nb(rq, flow, ctr, i)
+    src = rq.pf_replica[i]
+    release_nb(cfg, rq, rp, cache, chains, src, i, rq.src_blocks[i])
+    rq.src_blocks[i] = 0
+    rp.load[src] -= 1
+    wake_nb(pools, rp, src, max(rp.next_free[src], now))
+    d = rq.replica[i]
+    rq.generated[i] = 1
+    rq.first_token[i] = now
+    rq.last_token[i] = now
+    if rq.generated[i] >= rq.output[i]:     # (output 1 never transfers)
+        return
+    if rp.n_running[d] < cfg.max_num_seqs:
+        rq.status[i] = C.RUNNING
+        rp.running[d, rp.n_running[d]] = i
+        rp.n_running[d] += 1
+    else:
+        rq.status[i] = C.WAITING
+        push_back_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, d, i)
+    wake_nb(pools, rp, d, max(rp.next_free[d], now))
+
+
+@njit(**HANDLER)
+def rejects_nb(cfg, pools, rp, rq, r, i):
+    """Request i can never fit on entry replica r (or, PD, on any decode replica)."""
+    k = rp.pool[r]
+    cap = pools.num_blocks[k] - pools.watermark_blocks[k]
+    if pools.role[k] != C.PREFILL:
+        return blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) > cap
+    if blocks_for_nb(rq.prompt[i], cfg.block_size) > cap:
+        return True
+    if rq.output[i] <= 1:
+        return False
+    need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
+    for q in range(pools.role.shape[0]):
+        if pools.role[q] == C.DECODE and need <= pools.num_blocks[q] - pools.watermark_blocks[q]:
+            return False
+    return True
+
+
+@njit(inline="always", **HANDLER)
+def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
+    """Request i arrives: route it, reject it if it can never fit, else queue it."""
+    r = route_nb(cfg, rq, rp, pools, cache, chains, i, ctr[ROUTED])
     ctr[ROUTED] += 1
     rq.replica[i] = r
-    if blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) > cfg.num_blocks - cfg.watermark_blocks:
-        end_nb(cfg, rq, ctr, i, C.REJECTED, now)
+    if rejects_nb(cfg, pools, rp, rq, r, i):
+        end_nb(cfg, chains, rq, flow, ctr, i, C.REJECTED, now)
         return
     rq.status[i] = C.WAITING
     push_back_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, i)
     rp.load[r] += 1
-    wake_nb(cfg, rp, r, max(rp.next_free[r], now))
+    wake_nb(pools, rp, r, max(rp.next_free[r], now))
 
 
 @njit(inline="always", **HANDLER)
-def schedule_nb(p, cfg, rq, rp, step, ctr, stats, log, r, now):
+def schedule_nb(ps, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now):
     """A scheduling decision on replica r: form one micro-batch and launch it."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
-    swap_s = 0.0
+    p = ps[rp.pool[r]]
     if cfg.policy == C.STATIC:
-        nb = static_batch_nb(cfg, rq, rp, step, r, now)
+        nb, swap_s = static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
-        nb, swap_s = continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now)
+        nb, swap_s = continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now)
     if nb > 0:
-        launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
+        launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
+def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it."""
-    PP = cfg.pp
+    pl = rp.pool[r]
+    PP = pools.pp[pl]
+    base = r * cfg.pp
     computed, generated, prompt, b_req, b_chunk = rq.computed, rq.generated, rq.prompt, step.req, step.chunk
     tp_tok = 0.0
     n_pf = 0.0
@@ -197,11 +352,11 @@ def launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
     latency = cost.latency + swap_s
     interval = cost.interval + swap_s
     # claim a pipeline slot
-    k = r * PP
+    k = base
     slot_end = rp.slot_end
     for s in range(PP):
-        if slot_end[r * PP + s] == INF:
-            k = r * PP + s
+        if slot_end[base + s] == INF:
+            k = base + s
             break
     if rp.n_in_flight[r] == 0:
         rp.inflight_since[r] = now
@@ -218,8 +373,9 @@ def launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
                 t_out = stage_free[r, st]
             t_out += d
             stage_free[r, st] = t_out
-        stats[STAT_STAGE_BUSY] += d
+        stats[pl, STAT_STAGE_BUSY] += d
     set_time_nb(rp.slot_end, rp.slot_tree, k, t_out)
+    rp.slot_start[k] = now
     rp.slot_n[k] = nb
     slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
     for j in range(nb):
@@ -228,24 +384,24 @@ def launch_nb(p, cfg, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
         in_flight[b_req[j]] = True
     rp.n_in_flight[r] += 1
     rp.next_free[r] = now + interval
-    wake_nb(cfg, rp, r, rp.next_free[r])
+    wake_nb(pools, rp, r, rp.next_free[r])
 
-    kv_in_use = cfg.num_blocks - rp.free_blocks[r]
+    kv_in_use = pools.num_blocks[pl] - rp.free_blocks[r]
     ctr[ITERATIONS] += 1
-    stats[STAT_BUSY] += interval
-    stats[STAT_SEQS_TIME] += nb * interval
-    stats[STAT_TOKENS_TIME] += (tp_tok + n_dec) * interval
-    stats[STAT_KV_TIME] += kv_in_use * interval
-    if kv_in_use > stats[STAT_KV_MAX]:
-        stats[STAT_KV_MAX] = kv_in_use
-    stats[STAT_FLOPS] += cost.flops
-    stats[STAT_BYTES] += cost.nbytes
-    stats[STAT_SWAP_TIME] += swap_s
-    stats[STAT_GEMM] += cost.gemm
-    stats[STAT_ATTN] += cost.attention
-    stats[STAT_ELEM] += cost.elementwise
-    stats[STAT_COMM] += cost.communication
-    stats[STAT_OVERHEAD] += cost.overhead
+    stats[pl, STAT_BUSY] += interval
+    stats[pl, STAT_SEQS_TIME] += nb * interval
+    stats[pl, STAT_TOKENS_TIME] += (tp_tok + n_dec) * interval
+    stats[pl, STAT_KV_TIME] += kv_in_use * interval
+    if kv_in_use > stats[pl, STAT_KV_MAX]:
+        stats[pl, STAT_KV_MAX] = kv_in_use
+    stats[pl, STAT_FLOPS] += cost.flops
+    stats[pl, STAT_BYTES] += cost.nbytes
+    stats[pl, STAT_SWAP_TIME] += swap_s
+    stats[pl, STAT_GEMM] += cost.gemm
+    stats[pl, STAT_ATTN] += cost.attention
+    stats[pl, STAT_ELEM] += cost.elementwise
+    stats[pl, STAT_COMM] += cost.communication
+    stats[pl, STAT_OVERHEAD] += cost.overhead
     log_iteration_nb(log, ctr, now, r, nb, int(tp_tok + n_dec), kv_in_use, rp.n_waiting[r])
 
 

@@ -17,53 +17,143 @@ import numpy as np
 from numba import njit
 
 from . import codes as C
-from .events import arrive_nb, complete_nb, schedule_nb
+from .events import arrive_nb, complete_nb, schedule_nb, transfer_nb
+from .flow import heap_pop_nb
 from .jit import HANDLER
 from .nextevent import first_nb
 from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are read from here)
-    ENDED, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
+    ENDED, HEAP_N, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
-    STAT_TOKENS_TIME, EngineConfig, EngineOutput, engine_output_nb, n_groups_nb, new_counters, new_log,
-    new_replicas, new_requests, new_step,
+    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output_nb, new_cache,
+    new_counters, new_flow, new_log, new_replicas, new_requests, new_step,
 )
 
 
 @njit(cache=True)
-def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit):
-    """``group``: shared-prefix group of each request (-1: none); ``hit``: prompt tokens a request can
-    take from the prefix cache (its group's prefix in whole blocks, below its prompt length)."""
-    rq = new_requests(arrival, prompt, output, u1, u2, group, hit)
-    rp = new_replicas(cfg, n_groups_nb(group))
+def simulate_pools_nb(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
+    """``ps``: one CostParams per pool; ``pools``, ``chains``: see engine/POOLS.md."""
+    n = prompt.shape[0]
+    rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
+    ctr = new_counters(cfg, n)
+    rp = new_replicas(cfg, pools)
+    cache = new_cache(cfg, pools, ctr)
+    pd = False
+    for k in range(pools.role.shape[0]):
+        if pools.role[k] == C.DECODE:
+            pd = True
+    flow = new_flow(n, pd)
     log = new_log(cfg.log_size)
-    ctr = new_counters(cfg, prompt.shape[0])
-    stats = np.zeros(N_STATS)
+    P = pools.role.shape[0]
+    pool_stats = np.zeros((P, N_STATS))
+    prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
-    run_nb(p, cfg, rq, rp, new_step(cfg.max_num_seqs), log, ctr, stats, gap_hist)
-    return engine_output_nb(rq, log, ctr, gap_hist, stats)
+    run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr, pool_stats, prefix,
+           gap_hist)
+    stats = np.zeros(N_STATS)
+    for k in range(P):
+        for j in range(N_STATS):
+            if j == STAT_KV_MAX:
+                if pool_stats[k, j] > stats[j]:
+                    stats[j] = pool_stats[k, j]
+            else:
+                stats[j] += pool_stats[k, j]
+    stats[STAT_ITERATIONS] = ctr[ITERATIONS]
+    stats[STAT_END_TIME] = pool_stats[0, STAT_END_TIME]
+    return engine_output_nb(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
+
+
+def single_pool(cfg):
+    """The one mixed pool of a single-pool EngineConfig (its pp, KV blocks, watermark, KV bytes)."""
+    one = lambda v, t=np.int64: np.array([v], t)  # noqa: E731
+    return Pools(role=one(C.MIXED), first=one(0), count=one(cfg.replicas), pp=one(cfg.pp),
+                 num_blocks=one(cfg.num_blocks), watermark_blocks=one(cfg.watermark_blocks), cpu_blocks=one(0),
+                 kv_bytes_per_token=one(cfg.kv_bytes_per_token, np.float64), kv_bytes_total=one(0.0, np.float64),
+                 kv_gpus=one(1), n_layers=one(1), weight=one(1.0, np.float64),
+                 link_bw=np.ones((1, 1)), link_alpha=np.zeros((1, 1)))
+
+
+def group_chains(group, hit, block_size):
+    """Chains of the shared-prefix groups: group g's block k is one id for the whole group; a
+    request lists its hit // block_size prefix blocks; nothing else is listed."""
+    group = np.asarray(group, np.int64)
+    hit = np.asarray(hit, np.int64)
+    n = group.shape[0]
+    length = np.where(group >= 0, hit // block_size, 0).astype(np.int64)
+    start = np.zeros(n, np.int64)
+    if n:
+        start[1:] = np.cumsum(length)[:-1]
+    width = int(length.max()) + 1 if n else 1
+    ids = np.concatenate([g * width + np.arange(m, dtype=np.int64) for g, m in zip(group, length) if m > 0]) \
+        if length.sum() else np.zeros(0, np.int64)
+    return Chains(start, length, ids.astype(np.int64), np.full(n, -1, np.int64), np.zeros(n))
+
+
+def no_chains(n):
+    return Chains(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(0, np.int64), np.full(n, -1, np.int64),
+                  np.zeros(n))
+
+
+def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit):
+    """One pool (cfg's pp, blocks, watermark). ``group``: shared-prefix group of each request (-1:
+    none); ``hit``: prompt tokens its group's prefix covers in whole blocks (below its prompt)."""
+    shared = bool(np.any(np.asarray(group) >= 0))
+    chains = group_chains(group, hit, cfg.block_size) if shared else no_chains(len(prompt))
+    cfg = cfg._replace(prefix_caching=int(cfg.prefix_caching or shared))
+    return simulate_pools_nb((p,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2, chains)
 
 
 @njit(**HANDLER)
-def run_nb(p, cfg, rq, rp, step, log, ctr, stats, gap_hist):
+def next_arrival_nb(rq, flow, ctr):
+    """(time, request, from the heap) of the next arrival: the in-order one or the first pending
+    session turn, the in-order one first at equal times."""
+    t = INF
+    i = -1
+    if ctr[NEXT_ARRIVAL] < ctr[SENT]:
+        i = ctr[NEXT_ARRIVAL]
+        t = rq.arrival[i]
+    if ctr[HEAP_N] > 0 and flow.heap_t[0] < t:
+        return flow.heap_t[0], flow.heap_i[0], True
+    return t, i, False
+
+
+@njit(**HANDLER)
+def skip_followups_nb(rq, ctr):
+    while ctr[NEXT_ARRIVAL] < ctr[SENT] and rq.followup[ctr[NEXT_ARRIVAL]]:
+        ctr[NEXT_ARRIVAL] += 1
+
+
+@njit(**HANDLER)
+def run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist):
     """The event loop over state the caller owns (borrowed: see `jit.py`)."""
     n = rq.prompt.shape[0]
     now = 0.0
+    skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
         t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
-        t_arr = rq.arrival[ctr[NEXT_ARRIVAL]] if ctr[NEXT_ARRIVAL] < ctr[SENT] else INF
+        x = ctr[XFER_NEXT]
+        t_x = rq.xfer_ev[x] if x >= 0 else INF
+        t_arr, i, from_heap = next_arrival_nb(rq, flow, ctr)
         t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
-        t = min(t_comp, min(t_arr, t_sch))
+        t = min(min(t_comp, t_x), min(t_arr, t_sch))
         if t == INF or t > cfg.max_time:
             break
         now = t
         if t_comp <= t:
-            complete_nb(cfg, rq, rp, ctr, stats, gap_hist, k // cfg.pp, k % cfg.pp, now)
+            complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
+                        k % cfg.pp, now)
+        elif t_x <= t:
+            transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, x, now)
         elif t_arr <= t:
-            arrive_nb(cfg, rq, rp, ctr, now)
+            if from_heap:
+                heap_pop_nb(flow, ctr)
+            else:
+                ctr[NEXT_ARRIVAL] += 1
+                skip_followups_nb(rq, ctr)
+            arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(p, cfg, rq, rp, step, ctr, stats, log, r, now)
+            schedule_nb(ps, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now)
     for r in range(cfg.replicas):
         if rp.n_in_flight[r] > 0:
-            stats[STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
-    stats[STAT_ITERATIONS] = ctr[ITERATIONS]
-    stats[STAT_END_TIME] = now
+            stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
+    stats[0, STAT_END_TIME] = now

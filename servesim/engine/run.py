@@ -8,7 +8,8 @@ import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from . import codes as C
-from .kernel import EngineConfig, EngineOutput, simulate_nb
+from .kernel import EngineConfig, EngineOutput, simulate_nb, simulate_pools_nb
+from .state import Chains, Pools
 
 
 @dataclass(frozen=True)
@@ -108,4 +109,21 @@ def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: i
     u1, u2 = router_draws(prompt.shape[0], seed)
     group, hit = prefix_arrays(prompt.shape[0], cfg.block_size, prompt, prefix_group, prefix_len)
     out = simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit)
+    return out._replace(arrival=out.arrival - cfg.frontend)
+
+
+def run_pools(pool_costs: list, cfg: EngineConfig, pools: Pools, arrival, prompt, output, seed: int,
+              chains: Chains) -> EngineOutput:
+    """Run the kernel over several pools (engine/POOLS.md): ``pool_costs[k]`` is pool k's lowered
+    replica; ``cfg`` the deployment's EngineConfig (``replicas``: all pools', ``pp``: the deepest);
+    the frontend offset and router draws as `run_engine`. Session turns (``chains.next_turn``) are
+    sent when their previous turn ends; their ``arrival`` is ignored."""
+    arrival = np.ascontiguousarray(arrival, dtype=np.float64) + cfg.frontend
+    prompt = np.ascontiguousarray(prompt, dtype=np.int64)
+    output = np.ascontiguousarray(output, dtype=np.int64)
+    if cfg.concurrency > 0:
+        arrival = np.full_like(arrival, cfg.frontend)
+    u1, u2 = router_draws(prompt.shape[0], seed)
+    ps = tuple(rc.params for rc in pool_costs)
+    out = simulate_pools_nb(ps, cfg, pools, arrival, prompt, output, u1, u2, chains)
     return out._replace(arrival=out.arrival - cfg.frontend)

@@ -2,7 +2,7 @@
 
 Each policy fills `Step` with (request, chunk) members and returns how many it took and the swap
 seconds the step pays; the semantics are written out in `servesim.reference.sim` (methods of the
-same names: `static_batch`, `continuous_batch`, `preempt`, `prefix_hit`, `blocks_needed`).
+same names: `static_batch`, `continuous_batch`, `preempt`, `cached`, `blocks_needed`).
 """
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ from numba import njit
 
 from . import codes as C
 from .jit import HANDLER
+from .prefix import blocks_for_nb, commit_hit_nb, lookup_nb, release_nb, take_nb
 from .state import STAT_PREEMPTIONS
-
-
-@njit(**HANDLER)
-def blocks_for_nb(tokens, block_size):
-    return (tokens + block_size - 1) // block_size
 
 
 @njit(**HANDLER)
@@ -64,51 +60,58 @@ def pop_front_nb(q_next, q_head, q_tail, n_waiting, r):
 
 
 @njit(**HANDLER)
-def prefix_hit_nb(rq, rp, r, i):
-    """A waiting request with nothing computed takes its shared prefix from the replica's prefix
-    cache once a request of its group has computed it there (whole blocks only)."""
-    g = rq.group[i]
-    if g >= 0 and rq.computed[i] == 0 and rq.status[i] == C.WAITING and rp.prefix_seen[r, g]:
-        rq.computed[i] = rq.hit[i]
+def cached_nb(cfg, rq, cache, chains, r, i):
+    """(h, g0, c) of `prefix.lookup_nb` for a waiting request with nothing computed, else zeros."""
+    if cfg.prefix_caching and rq.computed[i] == 0 and chains.length[i] > 0:
+        return lookup_nb(cfg, rq, cache, chains, r, i)
+    return 0, 0, 0
 
 
 @njit(**HANDLER)
-def swap_seconds_nb(p, cfg, rq, i):
-    return p.swap_alpha + rq.computed[i] * cfg.kv_bytes_per_token / p.swap_bw
+def swap_seconds_nb(p, pools, rp, rq, r, i):
+    return p.swap_alpha + rq.computed[i] * pools.kv_bytes_per_token[rp.pool[r]] / p.swap_bw
 
 
 @njit(**HANDLER)
-def preempt_nb(p, cfg, rq, rp, stats, r, v):
+def preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v):
     """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
     swap_s = 0.0
-    rp.free_blocks[r] += rq.blocks[v]
+    release_nb(cfg, rq, rp, cache, chains, r, v, rq.blocks[v])
     if cfg.preemption == C.SWAP:
-        swap_s = swap_seconds_nb(p, cfg, rq, v)
+        swap_s = swap_seconds_nb(p, pools, rp, rq, r, v)
         rq.status[v] = C.SWAPPED
+        rq.reg_done[v] = True
     else:
         rq.computed[v] = 0
         rq.status[v] = C.WAITING
     rq.blocks[v] = 0
     rq.preemptions[v] += 1
-    stats[STAT_PREEMPTIONS] += 1
+    stats[rp.pool[r], STAT_PREEMPTIONS] += 1
     drop_running_nb(rp.running, rp.n_running, r, v)
     push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, v)
     return swap_s
 
 
 @njit(inline="always", **HANDLER)
-def static_batch_nb(cfg, rq, rp, step, r, now):
-    """When nothing runs, admit a whole batch reserving every prompt and output block; then run it."""
+def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
+    """When nothing runs, admit a whole batch reserving every prompt and output block; then run it.
+    Returns (members, seconds of CPU-tier reloads)."""
     B = cfg.max_num_seqs
+    reload_s = 0.0
     if rp.n_running[r] == 0:
         while rp.n_waiting[r] > 0 and rp.n_running[r] < B:
             i = rp.q_head[r]
-            need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
-            if need > rp.free_blocks[r]:
+            h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
+            need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) - h
+            if need + g0 + c > rp.free_blocks[r]:
                 break
             pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
-            rp.free_blocks[r] -= need
-            rq.blocks[i] = need
+            if cfg.prefix_caching and rq.computed[i] == 0:
+                prefix[C.LOOKUP_TOKENS] += rq.prompt[i]
+            if h > 0:
+                reload_s += commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
+            take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
+            rq.blocks[i] += need
             rq.status[i] = C.RUNNING
             rq.scheduled[i] = now
             rp.running[r, rp.n_running[r]] = i
@@ -122,13 +125,14 @@ def static_batch_nb(cfg, rq, rp, step, r, now):
             b_req[nb] = i
             b_chunk[nb] = prompt[i] + generated[i] - computed[i]
             nb += 1
-    return nb
+    return nb, reload_s
 
 
 @njit(inline="always", **HANDLER)
-def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
+def continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now):
     """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s)."""
     B = cfg.max_num_seqs
+    wm = pools.watermark_blocks[rp.pool[r]]
     pol = cfg.policy
     run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
     b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
@@ -144,10 +148,11 @@ def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
         decode_only = True
         if rp.n_waiting[r] > 0 and rp.n_running[r] < B:
             i = rp.q_head[r]
-            prefix_hit_nb(rq, rp, r, i)
-            pend = rq.prompt[i] + rq.generated[i] - rq.computed[i]
-            need = blocks_for_nb(rq.computed[i] + pend, cfg.block_size) - rq.blocks[i]
-            if rp.free_blocks[r] - need >= cfg.watermark_blocks:
+            h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
+            done = rq.computed[i] if h == 0 else h * cfg.block_size
+            pend = rq.prompt[i] + rq.generated[i] - done
+            need = blocks_for_nb(done + pend, cfg.block_size) - (rq.blocks[i] if h == 0 else h) + g0 + c
+            if rp.free_blocks[r] - need >= wm:
                 decode_only = False
     # 1) running requests (not for a V0 prefill step): vllm walks them in admission order,
     #    decodes and partial prefills alike (V1); the others take decodes first
@@ -208,7 +213,7 @@ def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
                         break
-                    swap_s += preempt_nb(p, cfg, rq, rp, stats, r, v)
+                    swap_s += preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v)
                     preempted_now = True
                     if v == i:
                         victim_self = True
@@ -220,7 +225,7 @@ def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
                                 j = j2 + 1
                 if victim_self or need > free_blocks[r]:
                     continue
-                free_blocks[r] -= need
+                take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
                 blocks[i] += need
                 b_req[nb] = i
                 b_chunk[nb] = c
@@ -230,24 +235,30 @@ def continuous_batch_nb(p, cfg, rq, rp, step, stats, r, now):
     if not decode_only and not preempted_now:
         while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
             i = q_head[r]
-            prefix_hit_nb(rq, rp, r, i)
-            c = prompt[i] + generated[i] - computed[i]
+            h, g0, hc = cached_nb(cfg, rq, cache, chains, r, i)
+            done = computed[i] if h == 0 else h * cfg.block_size
+            held = blocks[i] if h == 0 else h
+            c = prompt[i] + generated[i] - done
             if c > budget:
                 if pol == C.ORCA or pol == C.VLLM_V0:
                     if nb > 0:
                         break
                 else:
                     c = budget
-            need = blocks_for_nb(computed[i] + c, cfg.block_size) - blocks[i]
-            if free_blocks[r] - need < cfg.watermark_blocks:
+            need = blocks_for_nb(done + c, cfg.block_size) - held
+            if free_blocks[r] - (need + g0 + hc) < wm:
                 break
             pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
+            if cfg.prefix_caching and computed[i] == 0:
+                prefix[C.LOOKUP_TOKENS] += prompt[i]
+            if h > 0:
+                swap_s += commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
             if status[i] == C.SWAPPED:
-                swap_s += swap_seconds_nb(p, cfg, rq, i)
+                swap_s += swap_seconds_nb(p, pools, rp, rq, r, i)
             status[i] = C.RUNNING
             if math.isnan(rq.scheduled[i]):
                 rq.scheduled[i] = now
-            free_blocks[r] -= need
+            take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
             blocks[i] += need
             run[r, n_running[r]] = i
             n_running[r] += 1

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from . import codes as C
 from .nextevent import new_tree_nb
 
 INF = math.inf
@@ -84,6 +85,11 @@ class EngineOutput(NamedTuple):
     log_waiting: np.ndarray
     log_count: int
     stats: np.ndarray           # see STAT_* below
+    pool_stats: np.ndarray      # (P, N_STATS) each pool's share
+    prefix: np.ndarray          # prefix-cache counters (codes.HIT_GPU_TOKENS ...)
+    xfer_start: np.ndarray      # KV transfer of each request (nan: none)
+    xfer_end: np.ndarray
+    pf_replica: np.ndarray      # the prefill replica (-1: none)
 
 
 # run totals (EngineOutput.stats)
@@ -115,15 +121,20 @@ ENDED = 3                   # requests done or rejected
 ITERATIONS = 4              # micro-batches launched
 LOG_COUNT = 5               # iteration samples in the log
 LOG_STRIDE = 6              # one sample kept every LOG_STRIDE iterations
-N_COUNTERS = 7
+ROUTED_D = 7                # transfers routed to decode replicas (round-robin)
+HEAP_N = 8                  # session turns pending in the arrival heap
+HELD_HEAD = 9               # requests waiting for a decode replica: a FIFO through Requests.q_next
+HELD_TAIL = 10
+N_ACTIVE = 11               # KV transfers in flight (Flow.active)
+XFER_NEXT = 12              # the transfer that ends first (-1: none)
+ENTRIES_FREE = 13           # unused prefix-cache entries on the stack (Cache.free_stack)
+N_COUNTERS = 14
 
 
 class Requests(NamedTuple):
     """One element per request. Inputs first (read only), then the state the engine keeps."""
     prompt: np.ndarray
     output: np.ndarray
-    group: np.ndarray           # shared-prefix group (-1: none)
-    hit: np.ndarray             # prompt tokens it can take from its replica's prefix cache
     u1: np.ndarray              # router draws
     u2: np.ndarray
     arrival: np.ndarray         # engine arrival (closed loop: filled in when a client sends)
@@ -139,11 +150,23 @@ class Requests(NamedTuple):
     generated: np.ndarray       # output tokens emitted so far
     blocks: np.ndarray          # KV blocks held
     in_flight: np.ndarray
-    q_next: np.ndarray          # next request in its replica's waiting queue (-1: last)
+    q_next: np.ndarray          # next request in its replica's waiting queue or the held FIFO (-1: last)
+    followup: np.ndarray        # a session's later turn: sent when the turn before ends
+    n_ref: np.ndarray           # its first n_ref chain blocks are prefix-cache entries it references
+    reg_done: np.ndarray        # stopped registering blocks in the prefix cache
+    pf_replica: np.ndarray      # the prefill replica (-1: none)
+    src_blocks: np.ndarray      # blocks still held on the prefill replica during the transfer
+    xfer_start: np.ndarray
+    xfer_end: np.ndarray        # when the transfer ends (estimate while in flight)
+    xfer_left: np.ndarray       # bytes left to move
+    xfer_ev: np.ndarray         # its next event: the bytes done (xfer_left > 0), else the transfer done
+    xfer_t: np.ndarray          # when xfer_left was last brought up to date
 
 
 class Replicas(NamedTuple):
-    """One element (row) per replica; pipeline slots are flattened to index r * pp + s."""
+    """One element (row) per replica; pipeline slots are flattened to index r * cfg.pp + s (cfg.pp:
+    the deepest pool's stages)."""
+    pool: np.ndarray
     q_head: np.ndarray          # waiting queue: a linked list through Requests.q_next
     q_tail: np.ndarray
     n_waiting: np.ndarray
@@ -164,7 +187,36 @@ class Replicas(NamedTuple):
     stage_free: np.ndarray      # (R, pp) later pipeline stages 1..pp-1 free at
     pad_seqs: np.ndarray        # static: finished members still padding the batch
     pad_kv: np.ndarray
-    prefix_seen: np.ndarray     # (R, groups) the group's prefix is in the replica's cache
+    slot_start: np.ndarray      # (R * pp) when the micro-batch in the slot was launched
+    empty: np.ndarray           # free blocks holding nothing (free_blocks = empty + evictable entries)
+    lru_head: np.ndarray        # evictable GPU entries, least recently freed first (Cache.prev/next)
+    lru_tail: np.ndarray
+    cpu_head: np.ndarray        # CPU-tier entries, least recently stored first
+    cpu_tail: np.ndarray
+    cpu_used: np.ndarray
+    n_xfer: np.ndarray          # KV transfers leaving the replica (they share its link)
+    entry: np.ndarray           # the replicas arrivals go to (mixed and prefill pools)
+    decode: np.ndarray          # the decode replicas
+
+
+class Cache(NamedTuple):
+    """Prefix-cache entries (replica, block id) and the open-addressing table that finds them."""
+    block: np.ndarray           # entry -> block id
+    rep: np.ndarray             # entry -> replica
+    ref: np.ndarray             # requests referencing it (GPU); 0: evictable
+    tier: np.ndarray            # 0 GPU, 1 CPU
+    prev: np.ndarray            # LRU links (GPU or CPU list of its replica)
+    next: np.ndarray
+    free_stack: np.ndarray      # unused entries
+    key: np.ndarray             # table: block id * R + replica (-1: empty slot)
+    val: np.ndarray             # table: entry
+
+
+class Flow(NamedTuple):
+    """Session turns waiting to be sent (a binary min-heap on (time, request)) and KV transfers in flight."""
+    heap_t: np.ndarray
+    heap_i: np.ndarray
+    active: np.ndarray          # requests whose KV transfer is in flight
 
 
 class Step(NamedTuple):
@@ -185,27 +237,82 @@ class Log(NamedTuple):
 
 
 @njit(cache=True, no_cpython_wrapper=True)
-def new_requests(arrival, prompt, output, u1, u2, group, hit):
+def new_requests(arrival, prompt, output, u1, u2, next_turn):
     n = prompt.shape[0]
-    return Requests(prompt, output, group, hit, u1, u2, arrival.copy(), np.full(n, np.nan), np.full(n, np.nan),
+    followup = np.zeros(n, np.bool_)
+    for i in range(n):
+        if next_turn[i] >= 0:
+            followup[next_turn[i]] = True
+    return Requests(prompt, output, u1, u2, arrival.copy(), np.full(n, np.nan), np.full(n, np.nan),
                     np.full(n, np.nan), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
                     np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
-                    np.zeros(n, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64))
+                    np.zeros(n, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64), followup,
+                    np.zeros(n, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64), np.zeros(n, np.int64),
+                    np.full(n, np.nan), np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n))
 
 
 @njit(cache=True, no_cpython_wrapper=True)
-def new_replicas(cfg, n_groups):
+def new_replicas(cfg, pools):
     R = cfg.replicas
     B = cfg.max_num_seqs
     S = R * cfg.pp
     wake_at, wake_tree = new_tree_nb(R)
     slot_end, slot_tree = new_tree_nb(S)
-    return Replicas(np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.zeros(R, np.int64),
-                    np.full((R, B), -1, np.int64), np.zeros(R, np.int64), np.full(R, cfg.num_blocks, np.int64),
+    pool = np.zeros(R, np.int64)
+    free = np.zeros(R, np.int64)
+    n_entry = 0
+    n_decode = 0
+    for k in range(pools.role.shape[0]):
+        for r in range(pools.first[k], pools.first[k] + pools.count[k]):
+            pool[r] = k
+            free[r] = pools.num_blocks[k]
+            if pools.role[k] == C.DECODE:
+                n_decode += 1
+            else:
+                n_entry += 1
+    entry = np.zeros(n_entry, np.int64)
+    decode = np.zeros(n_decode, np.int64)
+    a = 0
+    b = 0
+    for r in range(R):
+        if pools.role[pool[r]] == C.DECODE:
+            decode[b] = r
+            b += 1
+        else:
+            entry[a] = r
+            a += 1
+    return Replicas(pool, np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.zeros(R, np.int64),
+                    np.full((R, B), -1, np.int64), np.zeros(R, np.int64), free,
                     np.zeros(R, np.int64), np.zeros(R), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
                     np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(R, np.int64), np.zeros(R),
-                    np.zeros((R, cfg.pp)), np.zeros(R, np.int64), np.zeros(R, np.int64),
-                    np.zeros((R, n_groups), np.bool_))
+                    np.zeros((R, cfg.pp)), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(S), free.copy(),
+                    np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.full(R, -1, np.int64),
+                    np.full(R, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), entry, decode)
+
+
+@njit(cache=True, no_cpython_wrapper=True)
+def new_cache(cfg, pools, ctr):
+    """Room for every block a replica can hold on its GPU and CPU tier (none without prefix caching)."""
+    E = 0
+    if cfg.prefix_caching:
+        for k in range(pools.role.shape[0]):
+            E += pools.count[k] * (pools.num_blocks[k] + pools.cpu_blocks[k])
+    H = 1
+    while H < 2 * E:
+        H *= 2
+    stack = np.zeros(E, np.int64)
+    for e in range(E):
+        stack[e] = E - 1 - e
+    ctr[ENTRIES_FREE] = E
+    return Cache(np.zeros(E, np.int64), np.zeros(E, np.int64), np.zeros(E, np.int64), np.zeros(E, np.int64),
+                 np.full(E, -1, np.int64), np.full(E, -1, np.int64), stack, np.full(H, -1, np.int64),
+                 np.zeros(H, np.int64))
+
+
+@njit(cache=True, no_cpython_wrapper=True)
+def new_flow(n, pd):
+    m = n if pd else 1
+    return Flow(np.zeros(n), np.zeros(n, np.int64), np.zeros(m, np.int64))
 
 
 @njit(cache=True, no_cpython_wrapper=True)
@@ -225,23 +332,18 @@ def new_counters(cfg, n):
     ctr = np.zeros(N_COUNTERS, np.int64)
     ctr[SENT] = min(cfg.concurrency, n) if cfg.concurrency > 0 else n
     ctr[LOG_STRIDE] = 1
+    ctr[HELD_HEAD] = -1
+    ctr[HELD_TAIL] = -1
+    ctr[XFER_NEXT] = -1
     return ctr
 
 
 @njit(cache=True, no_cpython_wrapper=True)
-def n_groups_nb(group):
-    g = 1
-    for i in range(group.shape[0]):
-        if group[i] + 1 > g:
-            g = group[i] + 1
-    return g
-
-
-@njit(cache=True, no_cpython_wrapper=True)
-def engine_output_nb(rq, log, ctr, gap_hist, stats):
+def engine_output_nb(rq, log, ctr, gap_hist, stats, pool_stats, prefix):
     k = ctr[LOG_COUNT]
     return EngineOutput(rq.arrival, rq.scheduled, rq.first_token, rq.finish, rq.preemptions, rq.replica,
                         rq.status, rq.max_gap, gap_hist, log.time[:k].copy(), log.replica[:k].copy(),
                         log.seqs[:k].copy(), log.tokens[:k].copy(), log.kv_blocks[:k].copy(),
-                        log.waiting[:k].copy(), k, stats)
+                        log.waiting[:k].copy(), k, stats, pool_stats, prefix, rq.xfer_start, rq.xfer_end,
+                        rq.pf_replica)
 

@@ -1,0 +1,156 @@
+"""What moves between events outside the replicas' steps: session turns waiting to be sent (a
+binary min-heap on (time, request)) and KV transfers from prefill to decode replicas, which share
+the link out of their prefill replica equally (processor sharing; engine/POOLS.md). A transfer is
+on the link while its `xfer_end` is nan; its bytes done, `xfer_end` is set to that time plus the
+link's latency.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+from .jit import HANDLER
+from .state import HEAP_N, INF, N_ACTIVE, XFER_NEXT
+
+
+# ------------------------------------------------------------------ session turns
+@njit(**HANDLER)
+def heap_less_nb(flow, a, b):
+    ta = flow.heap_t[a]
+    tb = flow.heap_t[b]
+    return ta < tb or (ta == tb and flow.heap_i[a] < flow.heap_i[b])
+
+
+@njit(**HANDLER)
+def heap_swap_nb(flow, a, b):
+    t = flow.heap_t[a]
+    flow.heap_t[a] = flow.heap_t[b]
+    flow.heap_t[b] = t
+    i = flow.heap_i[a]
+    flow.heap_i[a] = flow.heap_i[b]
+    flow.heap_i[b] = i
+
+
+@njit(**HANDLER)
+def heap_push_nb(flow, ctr, t, i):
+    k = ctr[HEAP_N]
+    ctr[HEAP_N] += 1
+    flow.heap_t[k] = t
+    flow.heap_i[k] = i
+    while k > 0:
+        parent = (k - 1) >> 1
+        if not heap_less_nb(flow, k, parent):
+            break
+        heap_swap_nb(flow, k, parent)
+        k = parent
+
+
+@njit(**HANDLER)
+def heap_pop_nb(flow, ctr):
+    i = flow.heap_i[0]
+    n = ctr[HEAP_N] - 1
+    ctr[HEAP_N] = n
+    flow.heap_t[0] = flow.heap_t[n]
+    flow.heap_i[0] = flow.heap_i[n]
+    k = 0
+    while True:
+        a = 2 * k + 1
+        if a >= n:
+            break
+        b = a + 1
+        m = b if b < n and heap_less_nb(flow, b, a) else a
+        if not heap_less_nb(flow, m, k):
+            break
+        heap_swap_nb(flow, k, m)
+        k = m
+    return i
+
+
+# ------------------------------------------------------------------ KV transfers
+@njit(**HANDLER)
+def link_nb(pools, rp, rq, i):
+    """(bandwidth, latency) of request i's transfer: from its prefill replica's pool to its decode one's."""
+    a = rp.pool[rq.pf_replica[i]]
+    b = rp.pool[rq.replica[i]]
+    return pools.link_bw[a, b], pools.link_alpha[a, b]
+
+
+@njit(**HANDLER)
+def advance_nb(pools, rq, rp, flow, ctr, src, now):
+    """Bring the bytes left of every transfer out of replica src up to now (before its count changes)."""
+    n = rp.n_xfer[src]
+    if n == 0:
+        return
+    for k in range(ctr[N_ACTIVE]):
+        i = flow.active[k]
+        if rq.pf_replica[i] == src and math.isnan(rq.xfer_end[i]):
+            bw, alpha = link_nb(pools, rp, rq, i)
+            left = rq.xfer_left[i] - (now - rq.xfer_t[i]) * bw / n
+            rq.xfer_left[i] = left if left > 0.0 else 0.0
+            rq.xfer_t[i] = now
+
+
+@njit(**HANDLER)
+def reprice_nb(pools, rq, rp, flow, ctr, src, now):
+    """The next event of every transfer out of src at its (new) share of the link; then the first of all."""
+    n = rp.n_xfer[src]
+    for k in range(ctr[N_ACTIVE]):
+        i = flow.active[k]
+        if rq.pf_replica[i] == src and math.isnan(rq.xfer_end[i]):
+            bw, alpha = link_nb(pools, rp, rq, i)
+            rq.xfer_ev[i] = now + rq.xfer_left[i] * n / bw
+    first_transfer_nb(rq, flow, ctr)
+
+
+@njit(**HANDLER)
+def first_transfer_nb(rq, flow, ctr):
+    best = -1
+    t = INF
+    for k in range(ctr[N_ACTIVE]):
+        i = flow.active[k]
+        if rq.xfer_ev[i] < t or (rq.xfer_ev[i] == t and best >= 0 and i < best):
+            t = rq.xfer_ev[i]
+            best = i
+    ctr[XFER_NEXT] = best
+
+
+@njit(**HANDLER)
+def start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now):
+    src = rq.pf_replica[i]
+    advance_nb(pools, rq, rp, flow, ctr, src, now)
+    rp.n_xfer[src] += 1
+    flow.active[ctr[N_ACTIVE]] = i
+    ctr[N_ACTIVE] += 1
+    rq.xfer_start[i] = now
+    rq.xfer_left[i] = nbytes
+    rq.xfer_t[i] = now
+    if nbytes <= 0.0:       # nothing to move: only the latency
+        rp.n_xfer[src] -= 1
+        bw, alpha = link_nb(pools, rp, rq, i)
+        rq.xfer_ev[i] = now + alpha
+        rq.xfer_end[i] = rq.xfer_ev[i]
+    reprice_nb(pools, rq, rp, flow, ctr, src, now)
+
+
+@njit(**HANDLER)
+def bytes_done_nb(pools, rq, rp, flow, ctr, i, now):
+    """Transfer i has moved its last byte: it leaves the link; it ends after the link's latency."""
+    src = rq.pf_replica[i]
+    advance_nb(pools, rq, rp, flow, ctr, src, now)
+    rq.xfer_left[i] = 0.0
+    rp.n_xfer[src] -= 1
+    bw, alpha = link_nb(pools, rp, rq, i)
+    rq.xfer_ev[i] = now + alpha
+    rq.xfer_end[i] = rq.xfer_ev[i]
+    reprice_nb(pools, rq, rp, flow, ctr, src, now)
+
+
+@njit(**HANDLER)
+def drop_transfer_nb(rq, flow, ctr, i):
+    for k in range(ctr[N_ACTIVE]):
+        if flow.active[k] == i:
+            ctr[N_ACTIVE] -= 1
+            flow.active[k] = flow.active[ctr[N_ACTIVE]]
+            break
+    first_transfer_nb(rq, flow, ctr)

@@ -1,0 +1,250 @@
+"""The paged KV blocks of a replica with automatic prefix caching (engine/POOLS.md, "Prefix cache").
+
+`free_blocks[r]` = `empty[r]` + the evictable GPU entries (refcount 0, in the replica's LRU list).
+Without prefix caching there are no entries and the two counts move together. Entries are found
+by (block id, replica) in an open-addressing table with linear probing and backward-shift
+deletion (Knuth, TAOCP vol. 3, sec. 6.4, Algorithm R).
+"""
+from __future__ import annotations
+
+from numba import njit
+
+from . import codes as C
+from .jit import HANDLER
+from .state import ENTRIES_FREE
+
+
+@njit(**HANDLER)
+def blocks_for_nb(tokens, block_size):
+    return (tokens + block_size - 1) // block_size
+
+
+# ------------------------------------------------------------------ the table
+@njit(**HANDLER)
+def home_nb(key, H):
+    return ((key * 0x9E3779B1) ^ (key >> 16)) & (H - 1)
+
+
+@njit(**HANDLER)
+def find_nb(cache, key):
+    """The entry of key, -1 if none."""
+    H = cache.key.shape[0]
+    if H < 2:
+        return -1
+    j = home_nb(key, H)
+    while cache.key[j] >= 0:
+        if cache.key[j] == key:
+            return cache.val[j]
+        j = (j + 1) & (H - 1)
+    return -1
+
+
+@njit(**HANDLER)
+def insert_nb(cache, key, e):
+    H = cache.key.shape[0]
+    j = home_nb(key, H)
+    while cache.key[j] >= 0:
+        j = (j + 1) & (H - 1)
+    cache.key[j] = key
+    cache.val[j] = e
+
+
+@njit(**HANDLER)
+def delete_nb(cache, key):
+    H = cache.key.shape[0]
+    j = home_nb(key, H)
+    while cache.key[j] != key:
+        j = (j + 1) & (H - 1)
+    # backward shift: move later members of the run into the hole when their home allows it
+    while True:
+        cache.key[j] = -1
+        k = j
+        while True:
+            k = (k + 1) & (H - 1)
+            if cache.key[k] < 0:
+                return
+            h = home_nb(cache.key[k], H)
+            # k's entry may fill hole j unless its home lies cyclically in (j, k]
+            if (j < k and (h <= j or h > k)) or (j > k and (h <= j and h > k)):
+                break
+        cache.key[j] = cache.key[k]
+        cache.val[j] = cache.val[k]
+        j = k
+
+
+# ------------------------------------------------------------------ LRU lists (GPU or CPU tier of a replica)
+@njit(**HANDLER)
+def lru_append_nb(cache, head, tail, r, e):
+    cache.prev[e] = tail[r]
+    cache.next[e] = -1
+    if tail[r] >= 0:
+        cache.next[tail[r]] = e
+    else:
+        head[r] = e
+    tail[r] = e
+
+
+@njit(**HANDLER)
+def lru_remove_nb(cache, head, tail, r, e):
+    a = cache.prev[e]
+    b = cache.next[e]
+    if a >= 0:
+        cache.next[a] = b
+    else:
+        head[r] = b
+    if b >= 0:
+        cache.prev[b] = a
+    else:
+        tail[r] = a
+    cache.prev[e] = -1
+    cache.next[e] = -1
+
+
+@njit(**HANDLER)
+def drop_entry_nb(cfg, cache, ctr, e):
+    delete_nb(cache, cache.block[e] * cfg.replicas + cache.rep[e])
+    cache.free_stack[ctr[ENTRIES_FREE]] = e
+    ctr[ENTRIES_FREE] += 1
+
+
+@njit(**HANDLER)
+def new_entry_nb(cfg, cache, ctr, block, r):
+    ctr[ENTRIES_FREE] -= 1
+    e = cache.free_stack[ctr[ENTRIES_FREE]]
+    cache.block[e] = block
+    cache.rep[e] = r
+    cache.ref[e] = 1
+    cache.tier[e] = 0
+    cache.prev[e] = -1
+    cache.next[e] = -1
+    insert_nb(cache, block * cfg.replicas + r, e)
+    return e
+
+
+# ------------------------------------------------------------------ blocks
+@njit(**HANDLER)
+def give_nb(rp, r, n):
+    """n private blocks become empty."""
+    rp.free_blocks[r] += n
+    rp.empty[r] += n
+
+
+@njit(**HANDLER)
+def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
+    """Take n free blocks: empty ones first, then evict the least recently freed entries (to the
+    CPU tier when the pool has one)."""
+    rp.free_blocks[r] -= n
+    k = n if rp.empty[r] >= n else rp.empty[r]
+    rp.empty[r] -= k
+    cpu = pools.cpu_blocks[rp.pool[r]]
+    for _ in range(n - k):
+        e = rp.lru_head[r]
+        lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+        prefix[C.GPU_EVICTIONS] += 1.0
+        if cpu > 0:
+            if rp.cpu_used[r] == cpu:
+                d = rp.cpu_head[r]
+                lru_remove_nb(cache, rp.cpu_head, rp.cpu_tail, r, d)
+                drop_entry_nb(cfg, cache, ctr, d)
+                rp.cpu_used[r] -= 1
+                prefix[C.CPU_EVICTIONS] += 1.0
+            cache.tier[e] = 1
+            lru_append_nb(cache, rp.cpu_head, rp.cpu_tail, r, e)
+            rp.cpu_used[r] += 1
+        else:
+            drop_entry_nb(cfg, cache, ctr, e)
+
+
+@njit(**HANDLER)
+def release_nb(cfg, rq, rp, cache, chains, r, i, held):
+    """Request i gives back the `held` blocks it has on replica r: private ones become empty, its
+    referenced entries are released from the last to the first (refcount 0: to the LRU tail)."""
+    give_nb(rp, r, held - rq.n_ref[i])
+    base = chains.start[i]
+    for j in range(rq.n_ref[i] - 1, -1, -1):
+        e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)
+        cache.ref[e] -= 1
+        if cache.ref[e] == 0:
+            lru_append_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+            rp.free_blocks[r] += 1
+    rq.n_ref[i] = 0
+
+
+@njit(**HANDLER)
+def lookup_nb(cfg, rq, cache, chains, r, i):
+    """(h, g0, c): the cached prefix of request i's chain on replica r, in blocks (at most
+    (prompt - 1) // block_size), its evictable GPU entries and its CPU-tier entries."""
+    cap = (rq.prompt[i] - 1) // cfg.block_size
+    L = chains.length[i]
+    if L < cap:
+        cap = L
+    base = chains.start[i]
+    h = 0
+    g0 = 0
+    c = 0
+    while h < cap:
+        e = find_nb(cache, chains.ids[base + h] * cfg.replicas + r)
+        if e < 0:
+            break
+        if cache.tier[e] == 1:
+            c += 1
+        elif cache.ref[e] == 0:
+            g0 += 1
+        h += 1
+    return h, g0, c
+
+
+@njit(**HANDLER)
+def commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c):
+    """Request i takes the h cached blocks of its chain on replica r; returns the seconds its CPU
+    tier hits take to reload over PCIe."""
+    base = chains.start[i]
+    for j in range(h):      # GPU entries first, so that reloading cannot evict them
+        e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)
+        if cache.tier[e] == 0:
+            if cache.ref[e] == 0:
+                lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+                rp.free_blocks[r] -= 1
+            cache.ref[e] += 1
+        else:
+            lru_remove_nb(cache, rp.cpu_head, rp.cpu_tail, r, e)
+            rp.cpu_used[r] -= 1
+            cache.tier[e] = 2       # being reloaded
+    if c > 0:
+        for j in range(h):
+            e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)
+            if cache.tier[e] == 2:
+                take_nb(cfg, pools, rp, cache, ctr, prefix, r, 1)
+                cache.tier[e] = 0
+                cache.ref[e] = 1
+    rq.computed[i] = h * cfg.block_size
+    rq.blocks[i] = h
+    rq.n_ref[i] = h
+    prefix[C.HIT_GPU_TOKENS] += (h - c) * cfg.block_size
+    prefix[C.HIT_CPU_TOKENS] += c * cfg.block_size
+    if c == 0:
+        return 0.0
+    s = p.swap_alpha + c * cfg.block_size * pools.kv_bytes_per_token[rp.pool[r]] / p.swap_bw
+    prefix[C.CPU_RELOAD_TIME] += s
+    return s
+
+
+@njit(**HANDLER)
+def register_nb(cfg, rq, cache, chains, ctr, r, i):
+    """Request i's newly full blocks of its chain become entries, until one already exists here."""
+    L = chains.length[i]
+    base = chains.start[i]
+    while rq.n_ref[i] < L and (rq.n_ref[i] + 1) * cfg.block_size <= rq.computed[i]:
+        b = chains.ids[base + rq.n_ref[i]]
+        if find_nb(cache, b * cfg.replicas + r) >= 0:
+            rq.reg_done[i] = True
+            return
+        new_entry_nb(cfg, cache, ctr, b, r)
+        rq.n_ref[i] += 1
+
+
+@njit(**HANDLER)
+def cached_prefix_nb(cfg, rq, cache, chains, r, i):
+    """Blocks of request i's chain cached on replica r (GPU or CPU), capped as a hit is."""
+    h, g0, c = lookup_nb(cfg, rq, cache, chains, r, i)
+    return h
