@@ -139,6 +139,117 @@ def replica_of(cfg: SimConfig, model, hw, engine=None):
                          max_seqs=cfg.max_num_seqs, engine=engine)
 
 
+# options of pools, prefix caching and PD: shown in the config of a run only when they change what
+# today's single-pool engine does (so single-pool results keep their JSON)
+_POOL_OPTIONS = {"pool": (), "prefix_caching": True, "cpu_kv_gib": 0.0, "kv_link": "auto",
+                 "layerwise_transfer": False}
+
+
+def _plain_config(cfg: SimConfig, pools: bool) -> dict:
+    config = plain(cfg)
+    if not pools:
+        for name, today in _POOL_OPTIONS.items():
+            if config[name] == today:
+                del config[name]
+    else:
+        config["pool"] = list(config["pool"])
+    return config
+
+
+def engine_options(cfg: SimConfig, window=None) -> EngineOptions:
+    """The engine options of a resolved config (watermark and frontend: set per engine profile)."""
+    shared = {f.name: getattr(cfg, f.name) for f in fields(EngineOptions) if f.name in declared()}
+    return EngineOptions(**shared | dict(
+        duration=math.inf if cfg.duration is None or window else cfg.duration, warmup_time=cfg.warmup))
+
+
+def _uses_pools(cfg: SimConfig, reqs) -> bool:
+    """Run the pools kernel (`engine.run.run_pools`): pools given, or a feature only it has (a CPU tier,
+    the prefix-aware router, sessions, layer-wise transfers); else today's single-pool kernel."""
+    sessions = getattr(reqs, "next_turn", None)
+    return bool(cfg.pool) or cfg.cpu_kv_gib > 0 or cfg.router == "prefix-aware" or cfg.layerwise_transfer or \
+        (sessions is not None and bool(np.any(np.asarray(sessions) >= 0)))
+
+
+def _chains(cfg: SimConfig, reqs):
+    """The kernel's `Chains`: the workload's block chains (`workload.chains.block_chains`) with prefix
+    caching on; without it empty chains keeping the sessions' turns and think times."""
+    from .engine.state import Chains
+    n = int(reqs.arrival.size)
+    nt = getattr(reqs, "next_turn", None)
+    th = getattr(reqs, "think", None)
+    next_turn = np.full(n, -1, np.int64) if nt is None else np.ascontiguousarray(nt, dtype=np.int64)
+    think = np.zeros(n) if th is None else np.ascontiguousarray(th, dtype=np.float64)
+    if cfg.prefix_caching:
+        from .workload.chains import block_chains
+        return block_chains(reqs, cfg.block_size)
+    z = np.zeros(n, np.int64)
+    return Chains(z, z.copy(), np.zeros(0, np.int64), next_turn, think)
+
+
+def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profile):
+    """Lower every pool, check it can hold the requests, run the pools kernel."""
+    from .pools import check_block_size, check_pool_capacity, lower_pools, specs_of
+    specs = specs_of(cfg)
+    lowered, pools = lower_pools(cfg, model, specs, opts, hw_profile=hardware_profile, engine_profile=engine_profile)
+    for lp in lowered:
+        check_block_size(cfg, lp.cost.engine)
+    if getattr(reqs, "next_turn", None) is not None and cfg.concurrency > 0 and np.any(np.asarray(reqs.next_turn) >= 0):
+        raise ConfigError(f"--concurrency {cfg.concurrency} and a sessions workload contradict: turns are sent a think "
+                          "time after the previous one ends, not by a closed loop; drop --concurrency")
+    check_pool_capacity(lowered, reqs.prompt, reqs.output, cfg.block_size)
+    try:
+        from .engine.run import run_pools
+    except ImportError:
+        raise ConfigError("--pool, --cpu-kv-gib, --router prefix-aware, --layerwise-transfer and sessions need the "
+                          "pools kernel (engine.run.run_pools), which this build does not have yet") from None
+    first = lowered[0].cost      # the frontend and the deployment-wide settings: pool 0's engine
+    ecfg = engine_config(replace(opts, replicas=lowered[0].spec.replicas, watermark=first.engine.scheduler.watermark,
+                                 frontend=first.engine.fit_for(first.hw).frontend_s), first)
+    ecfg = ecfg._replace(replicas=int(sum(lp.spec.replicas for lp in lowered)),
+                         pp=int(max(lp.spec.pp for lp in lowered)), prefix_caching=int(bool(cfg.prefix_caching)),
+                         layerwise=int(bool(cfg.layerwise_transfer)))
+    out = run_pools([lp.cost for lp in lowered], ecfg, pools, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
+                    _chains(cfg, reqs))
+    df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
+    df["pf_replica"] = np.asarray(out.pf_replica, np.int64)
+    df["xfer_start_s"] = np.asarray(out.xfer_start, np.float64) - ecfg.frontend   # on the clients' clock
+    df["xfer_end_s"] = np.asarray(out.xfer_end, np.float64) - ecfg.frontend
+    n_gpus = sum(lp.spec.gpus for lp in lowered)
+    usd = sum(lp.spec.gpus * lp.usd_per_gpu_hour for lp in lowered)
+    replicas = sum(lp.spec.replicas for lp in lowered)
+    summary_args = dict(num_gpus_per_replica=1, replicas=replicas, num_gpus=n_gpus, usd_per_hour=usd,
+                        usd_per_gpu_hour=usd / n_gpus,
+                        peak_flops=sum(lp.spec.gpus * lp.peak_flops for lp in lowered) / n_gpus,
+                        hbm_bw=sum(lp.spec.gpus * lp.cost.hw.hbm_bw for lp in lowered) / n_gpus,
+                        num_blocks=sum(lp.spec.replicas * lp.num_blocks for lp in lowered) / replicas)
+    meta = [{"name": lp.spec.text, "role": lp.spec.role, "hardware": lp.spec.hardware, "tp": lp.spec.tp,
+             "pp": lp.spec.pp, "replicas": lp.spec.replicas, "first": int(pools.first[k]), "num_gpus": lp.spec.gpus,
+             "usd_per_hour": lp.spec.gpus * lp.usd_per_gpu_hour, "kv_blocks_per_replica": lp.num_blocks,
+             "cpu_blocks_per_replica": lp.cpu_blocks, "engine": lp.cost.engine.name, "dtype": lp.cost.layout.dtype,
+             "engine_fit": lp.cost.engine.fit_for(lp.cost.hw).note or "given in memory",
+             "weights_gib_per_gpu": lp.cost.memory.weight_bytes / 2**30}
+            for k, lp in enumerate(lowered)]
+    config_extra = {"num_gpus": n_gpus, "pools": meta}
+    return summary_args, config_extra, out, df
+
+
+def _pools_part(cfg: SimConfig, out, df, meta: list[dict], summary: dict) -> dict:
+    """The summary's `pools`, `prefix_cache` (prefix caching on) and `kv_transfer_ms` (PD) blocks; the
+    deployment's kv_cache_max as the fullest pool's."""
+    from .metrics import kv_transfer_summary, pools_summary, prefix_cache_summary
+    pools = pools_summary(df, out, meta, warmup=cfg.warmup)
+    for item, m in zip(pools, meta):
+        item |= {k: m[k] for k in ("engine", "dtype", "cpu_blocks_per_replica", "engine_fit", "weights_gib_per_gpu")}
+    summary["utilization"]["kv_cache_max"] = max(p["kv_max"] for p in pools)
+    part = {"pools": pools}
+    if cfg.prefix_caching:
+        part["prefix_cache"] = prefix_cache_summary(out.prefix)
+    if any(m["role"] != "mixed" for m in meta):
+        part["kv_transfer_ms"] = kv_transfer_summary(df, warmup=cfg.warmup)
+    return part
+
+
 def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, **options) -> Result:
     """Run one serving simulation, request by request, as ``servesim simulate``.
 
@@ -171,8 +282,13 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     from .checks import sim_config
     cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
-    rc = replica_of(cfg, model, hw, engine_profile)
-    check_run_memory(cfg, workload)     # refuse, before any work, a run the machine cannot hold
+    from .pools import check_block_size, specs_of
+    specs = specs_of(cfg)
+    rc = None if cfg.pool else replica_of(cfg, model, hw, engine_profile)   # pools: lowered in _run_pools
+    if rc is not None:
+        check_block_size(cfg, rc.engine)
+    # refuse, before any work, a run the machine cannot hold
+    check_run_memory(replace(cfg, replicas=sum(s.replicas for s in specs), pp=max(s.pp for s in specs)), workload)
     rate = None
     if cfg.stages is not None:  # time-averaged offered rate
         rate = sum(r * d for r, d in cfg.stages) / sum(d for _, d in cfg.stages)
@@ -192,32 +308,40 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         arrival = "trace"
         if cfg.trace_mode == "replay":
             rate = trace["mean_rate"]
-    shared = {f.name: getattr(cfg, f.name) for f in fields(EngineOptions) if f.name in declared()}
-    opts = EngineOptions(**shared | dict(
-        watermark=rc.engine.scheduler.watermark, duration=math.inf if cfg.duration is None or window else cfg.duration,
-        warmup_time=cfg.warmup, frontend=rc.engine.fit_for(rc.hw).frontend_s))
-    ecfg = engine_config(opts, rc)
-    _check_blocks(cfg, ecfg, reqs)
-    out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
-                     prefix_group=reqs.prefix_group, prefix_len=reqs.prefix_len)
-    df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
-    price = cfg.price if cfg.price is not None else hw.usd_per_hour
-    from .costmodel.dtypes import compute_dtype
-    summary = summarize(df, out, warmup=cfg.warmup, slo=cfg.slo or Slo(), num_gpus_per_replica=rc.num_gpus,
-                        replicas=cfg.replicas, usd_per_gpu_hour=price,
-                        peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
-                        num_blocks=ecfg.num_blocks, offered_rate=rate, stages=cfg.stages,
-                        concurrency=cfg.concurrency)
-    config = plain(cfg)
-    config.update({"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
-                   "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
-                   "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
-                   "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30, "rate": rate,
-                   "duration": cfg.duration, "num_requests": int(reqs.arrival.size), "arrival": arrival,
-                   "trace": trace})
+    opts = engine_options(cfg, window)
+    if rc is not None:
+        opts = replace(opts, watermark=rc.engine.scheduler.watermark, frontend=rc.engine.fit_for(rc.hw).frontend_s)
+    if _uses_pools(cfg, reqs):
+        summary_args, config_extra, out, df = _run_pools(cfg, model, opts, reqs, hardware_profile, engine_profile)
+    else:
+        ecfg = engine_config(opts, rc)
+        _check_blocks(cfg, ecfg, reqs)
+        shared_prefix = cfg.prefix_caching is not False     # today's kernel: the system prompts' prefix cache
+        out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
+                         prefix_group=reqs.prefix_group if shared_prefix else None,
+                         prefix_len=reqs.prefix_len if shared_prefix else None)
+        df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
+        price = cfg.price if cfg.price is not None else hw.usd_per_hour
+        from .costmodel.dtypes import compute_dtype
+        summary_args = dict(num_gpus_per_replica=rc.num_gpus, replicas=cfg.replicas, usd_per_gpu_hour=price,
+                            peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
+                            num_blocks=ecfg.num_blocks)
+        config_extra = {"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
+                        "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
+                        "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
+                        "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30}
+    summary = summarize(df, out, warmup=cfg.warmup, slo=cfg.slo or Slo(), offered_rate=rate, stages=cfg.stages,
+                        concurrency=cfg.concurrency, **summary_args)
+    pools_part = {}
+    if "pools" in config_extra:
+        pools_part = _pools_part(cfg, out, df, config_extra.pop("pools"), summary)
+    config = _plain_config(cfg, pools_part != {})
+    config.update(config_extra)
+    config.update({"rate": rate, "duration": cfg.duration, "num_requests": int(reqs.arrival.size),
+                   "arrival": arrival, "trace": trace})
     if daily:   # the window of the day sent and the delivered rate (only for daily runs)
         config["daily"] = daily_window(reqs.arrival, rate, window_s=window)
-    summary = _clean({"config": config, **summary})
+    summary = _clean({"config": config, **summary, **pools_part})
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
     return Result(config, summary, df, iters, out.gap_hist)

@@ -137,6 +137,9 @@ def check_field(name: str, value, option: str | None = None):
     if rule.kind == "stages":
         from .workload import parse_stages
         return parse_stages(value, option)
+    if rule.kind == "pools":
+        from .pools import pool_texts
+        return pool_texts(value, option)
     raise AssertionError(rule.kind)
 
 
@@ -230,9 +233,38 @@ def _contradictions(cfg) -> None:
     if cfg.duration is not None and cfg.warmup >= cfg.duration:
         raise ConfigError(f"--warmup {cfg.warmup:g}s is not shorter than --duration {cfg.duration:g}s: no request "
                           "would be measured; use a shorter --warmup or a longer --duration")
+    _pool_contradictions(cfg)
     if cfg.cv is not None and (cfg.arrival or "poisson") != "gamma":
         warnings.warn(f"--cv {cfg.cv:g} does nothing with --arrival {cfg.arrival or 'poisson'}: it sets the "
                       "spread of --arrival gamma only", ServesimWarning, stacklevel=3)
+
+
+def _pool_contradictions(cfg) -> None:
+    """--pool replaces the single-pool options; the pools' roles must make a deployment; options of
+    features that are off."""
+    from .options import SimConfig
+    from .pools import check_deployment, parse_pool
+    if cfg.pool:
+        base = SimConfig()
+        for name in ("hardware", "tp", "pp", "replicas"):
+            if getattr(cfg, name) != getattr(base, name):
+                raise ConfigError(f"--pool and {flag(name)} {getattr(cfg, name)} contradict: each pool gives its own "
+                                  "hardware, tp, pp and replicas; drop " + flag(name))
+        specs = [parse_pool(t) for t in cfg.pool]
+        check_deployment(specs)
+        disaggregated = any(s.role != "mixed" for s in specs)
+    else:
+        disaggregated = False
+    if cfg.cpu_kv_gib and cfg.prefix_caching is False:
+        raise ConfigError(f"--cpu-kv-gib {cfg.cpu_kv_gib:g} and --no-prefix-caching contradict: the CPU tier holds "
+                          "evicted prefix-cache blocks; drop one of them")
+    if not disaggregated:
+        if cfg.layerwise_transfer:
+            warnings.warn("--layerwise-transfer does nothing without prefill and decode pools (--pool ...:prefill "
+                          "--pool ...:decode)", ServesimWarning, stacklevel=4)
+        if cfg.kv_link != "auto":
+            warnings.warn(f"--kv-link {cfg.kv_link} does nothing without prefill and decode pools (--pool ...:prefill "
+                          "--pool ...:decode)", ServesimWarning, stacklevel=4)
 
 
 def check_resolved(given, filled, model) -> None:

@@ -28,7 +28,8 @@ def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0) -
     """One row per request. ``arrival_s`` is the client's send time; the engine receives the request
     ``frontend`` seconds later (``engine_arrival_s``). TTFT and E2E run from the send, queueing from the
     engine's receipt."""
-    status = pd.Categorical.from_codes(out.status, categories=[C.STATUS_NAMES[i] for i in range(6)])
+    n_codes = max(6, int(np.max(out.status)) + 1 if len(out.status) else 6)   # "transfer" only when present (PD)
+    status = pd.Categorical.from_codes(out.status, categories=[C.STATUS_NAMES[i] for i in range(n_codes)])
     df = pd.DataFrame({
         "arrival_s": out.arrival, "scheduled_s": out.scheduled, "first_token_s": out.first_token,
         "finish_s": out.finish, "prompt_tokens": np.asarray(prompt, np.int64),
@@ -108,24 +109,27 @@ def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
 
 def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
               replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
-              offered_rate: float | None, stages=None, concurrency: int = 0) -> dict:
+              offered_rate: float | None, stages=None, concurrency: int = 0, num_gpus: int | None = None,
+              usd_per_hour: float | None = None) -> dict:
     """The summary of one run. `busy_fraction`: share of time a replica had a micro-batch in flight
     (any work; near 1 whenever requests overlap, whatever the load); `first_stage_busy_fraction` /
     `later_stage_busy_fraction`: share of time the first / each later pipeline stage computed (the
     first includes host time; None without PP). `stages`: ((rate, duration_s), ...) of a load in
     stages, or None; with it the summary has a `stages` list (requests binned by arrival time) and
     saturation is judged per stage (see `_queue_growth`). `concurrency`: the clients of a closed
-    loop (0: open loop/offline)."""
+    loop (0: open loop/offline). ``num_gpus`` / ``usd_per_hour``: the deployment's totals when its pools
+    differ (default: ``num_gpus_per_replica x replicas`` GPUs at ``usd_per_gpu_hour``); ``peak_flops``,
+    ``hbm_bw`` are then per-GPU means and ``num_blocks`` the mean per replica."""
     end = float(out.stats[K.STAT_END_TIME])
     measured = df[df.arrival_s >= warmup]
     done = measured[measured.status == "done"]
-    n_gpus = num_gpus_per_replica * replicas
+    n_gpus = num_gpus_per_replica * replicas if num_gpus is None else num_gpus
     # measurement window: from the end of warm-up to the last completion of a measured request
     t0 = warmup if warmup > 0 else float(df.arrival_s.min()) if len(df) else 0.0
     t1 = float(done.finish_s.max()) if len(done) else end
     window = max(t1 - t0, 1e-12)
     thr = _throughput(done, window, n_gpus)
-    usd_h = usd_per_gpu_hour * n_gpus
+    usd_h = usd_per_gpu_hour * n_gpus if usd_per_hour is None else usd_per_hour
     def per_million(tok_s):
         return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
     cost = {"usd_per_hour": usd_h, "usd_per_gpu_hour": usd_per_gpu_hour,
@@ -152,7 +156,7 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
                    ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
     arrivals_in = np.sort(measured.arrival_s.to_numpy())
     timeline = _timeline(df, done)
-    unfinished = int((df.status.isin(["waiting", "running", "swapped", "not_arrived"])).sum())
+    unfinished = int((df.status.isin(["waiting", "running", "swapped", "not_arrived", "transfer"])).sum())
     if stages is None:
         growth, verdict, reason = _queue_growth(timeline, arrivals_in, offered_rate is not None)
         if offered_rate is None:
@@ -198,6 +202,66 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "slo_attainment": attainment,
         "goodput_requests_per_s": goodput,
     } | ({} if stage_list is None else {"stages": stage_list})
+
+
+def _ms_stats(x_s) -> dict:
+    """{p50, p90, p99, mean} in ms of the finite values (None when there are none)."""
+    x = np.asarray(x_s, dtype=np.float64)
+    x = np.sort(x[np.isfinite(x)])
+    if x.size == 0:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    return {f"p{p}": CI.sorted_quantile(x, p / 100.0) * 1e3 for p in (50, 90, 99)} | {"mean": float(x.mean()) * 1e3}
+
+
+def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float) -> list[dict]:
+    """One entry per pool. ``pools``: dicts with name, role, hardware, tp, pp, replicas, first (its first
+    replica index), num_gpus, usd_per_hour, kv_blocks_per_replica; ``out.pool_stats`` (P x N_STATS)
+    holds each pool's share of the run's totals. ``utilisation``: first-stage busy time / (replicas x
+    run time), ``busy_fraction``: time with a micro-batch in flight / (replicas x run time) (as the
+    deployment's `utilization` block); ``kv_utilisation``: mean KV blocks in use / the pool's blocks,
+    ``kv_max`` the most on one replica. ``queue_ms`` (mixed and prefill pools): engine arrival to first
+    admission of the measured requests that entered the pool (the prefill replica, else the replica
+    that served them); not for decode pools (the kernel records no decode start; their requests'
+    wait is in ``kv_transfer_ms``: transfer start to end, of the requests the pool decoded)."""
+    end = max(float(out.stats[K.STAT_END_TIME]), 1e-12)
+    measured = (df.arrival_s >= warmup).to_numpy()
+    replica = df.replica.to_numpy()
+    pf = df.pf_replica.to_numpy() if "pf_replica" in df else np.full(len(df), -1)
+    entry = np.where(pf >= 0, pf, replica)
+    res = []
+    for k, p in enumerate(pools):
+        st = out.pool_stats[k]
+        r, blocks = p["replicas"], p["kv_blocks_per_replica"]
+        lo, hi = p["first"], p["first"] + r
+        item = {key: p[key] for key in ("name", "role", "hardware", "tp", "pp", "replicas", "num_gpus",
+                                        "usd_per_hour", "kv_blocks_per_replica")}
+        item |= {"utilisation": st[K.STAT_BUSY] / (end * r), "busy_fraction": st[K.STAT_INFLIGHT_TIME] / (end * r),
+                 "kv_utilisation": st[K.STAT_KV_TIME] / (end * r * blocks), "kv_max": st[K.STAT_KV_MAX] / blocks,
+                 "iterations": int(st[K.STAT_ITERATIONS]), "preemptions": int(st[K.STAT_PREEMPTIONS])}
+        if p["role"] == "decode":
+            mine = measured & (replica >= lo) & (replica < hi)
+            item["kv_transfer_ms"] = _ms_stats((df.xfer_end_s - df.xfer_start_s).to_numpy()[mine])
+        else:
+            mine = measured & (entry >= lo) & (entry < hi)
+            item["queue_ms"] = _ms_stats(df.queue_s.to_numpy()[mine])
+        item["num_requests"] = int(mine.sum())
+        res.append(item)
+    return res
+
+
+def prefix_cache_summary(prefix) -> dict:
+    """The prefix cache's counters (codes.N_PREFIX): hit_rate = hit tokens / prompt tokens looked up."""
+    hits_gpu, hits_cpu, lookup = (float(prefix[i]) for i in (C.HIT_GPU_TOKENS, C.HIT_CPU_TOKENS, C.LOOKUP_TOKENS))
+    return {"hit_rate": (hits_gpu + hits_cpu) / lookup if lookup > 0 else None,
+            "lookup_tokens": int(lookup), "gpu_hits": int(hits_gpu), "cpu_hits": int(hits_cpu),
+            "evictions": {"gpu": int(prefix[C.GPU_EVICTIONS]), "cpu": int(prefix[C.CPU_EVICTIONS])},
+            "cpu_reload_s": float(prefix[C.CPU_RELOAD_TIME])}
+
+
+def kv_transfer_summary(df: pd.DataFrame, *, warmup: float) -> dict:
+    """{p50, p90, p99, mean} ms of the KV transfers (end - start) of the measured requests."""
+    d = df[df.arrival_s >= warmup]
+    return _ms_stats((d.xfer_end_s - d.xfer_start_s).to_numpy()) | {"count": int(np.isfinite(d.xfer_end_s).sum())}
 
 
 def _throughput(done: pd.DataFrame, window: float, n_gpus: int) -> dict:

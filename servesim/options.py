@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from .engine import codes as C
 
-KINDS = ("name", "int", "float", "choice", "bool", "duration", "stages", "slo")   # duration: seconds (text on the CLI)
+KINDS = ("name", "int", "float", "choice", "bool", "duration", "stages", "slo", "pools")   # duration: seconds (text on the CLI)
 
 
 def _weight_dtypes():
@@ -107,6 +107,11 @@ class SimConfig:
     tp: int = opt(1, "int", ge=1, help="Tensor-parallel degree.")
     pp: int = opt(1, "int", ge=1, help="Pipeline-parallel stages.")
     replicas: int = opt(1, "int", ge=1, help="Data-parallel replicas behind the router.")
+    pool: tuple = opt((), "pools",
+                      help="A pool of replicas, HW:tpN[:ppM]:xR[:mixed|prefill|decode][:dtype=D][:engine=E]; "
+                           "repeat for several (e.g. --pool h100-sxm:tp1:x2:prefill --pool h100-sxm:tp1:x2:decode); "
+                           "replaces --hardware/--tp/--pp/--replicas (API: a tuple of texts; --grid: pools joined "
+                           "by +).")
     router: str = opt("round-robin", "choice", choices=tuple(C.ROUTERS), help="How requests go to replicas.")
     dtype: str = opt("auto", "choice", choices=_weight_dtypes,
                      help="Weights; auto: the checkpoint's (its quantization_config or torch_dtype; bf16 for "
@@ -133,6 +138,18 @@ class SimConfig:
     num_gpu_blocks: int | None = opt(None, "int", ge=1,
                                      help="KV-cache blocks per replica, as the real engine reported them (default: "
                                           "computed from memory the way the engine does).")
+    prefix_caching: bool | None = opt(None, "bool", preset="prefix_caching",
+                                      help="Automatic prefix caching: full KV blocks of shared prefixes reused "
+                                           "(--prefix-caching/--no-prefix-caching).")
+    cpu_kv_gib: float = opt(0.0, "float", ge=0.0,
+                            help="Host memory per replica for a CPU tier of the prefix cache, GiB (0: none); "
+                                 "evicted blocks move there and are reloaded over PCIe.")
+    kv_link: str = opt("auto", "choice", choices=("auto", "nvlink", "nic"),
+                       help="Link of prefill-to-decode KV transfers; auto: NVLink when both pools share hardware "
+                            "and fit one scale-up domain, else the NIC.")
+    layerwise_transfer: bool = opt(False, "bool",
+                                   help="Pipeline KV transfers layer by layer with the prefill (only the last "
+                                        "layer's transfer exposed).")
     workload: str = opt("chat", "name", names=_workloads,
                         help="chat, code, summarization, long-context, or a .toml / trace .csv.")
     isl: int | None = opt(None, "int", ge=1, help="Fixed input length (overrides the workload).")

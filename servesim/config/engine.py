@@ -86,6 +86,7 @@ class SchedulerDefaults:
     watermark: float               # fraction of KV blocks kept free when admitting
     preemption: str
     non_torch_memory_bytes: float  # CUDA context, NCCL and CUDA-graph buffers outside the allocator
+    prefix_caching: bool = True    # automatic prefix caching on by default (optional key; absent: on)
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def load_engine(name_or_path: str) -> EngineProfile:
 def _load_file(path: Path) -> EngineProfile:
     top, name = read_named(path, _TOP_KEYS)
     s = top.table("scheduler")
-    s.expect_keys(_SCHEDULER_KEYS)
+    s.expect_keys(_SCHEDULER_KEYS, ("prefix_caching",))
     sched = SchedulerDefaults(
         policy=s.str("policy", choices=POLICIES),
         max_num_seqs=s.int("max_num_seqs", ge=1),
@@ -231,6 +232,7 @@ def _load_file(path: Path) -> EngineProfile:
         watermark=s.float("watermark", ge=0.0, le=0.5),
         preemption=s.str("preemption", choices=PREEMPTION),
         non_torch_memory_bytes=s.float("non_torch_memory_mib", ge=0.0) * _UNIT["mib"],
+        prefix_caching=s.bool("prefix_caching") if s.has("prefix_caching") else True,
     )
 
     g = top.table("cuda_graph")
