@@ -1,0 +1,163 @@
+"""Issue #18, the summary of a deployment of pools: per-pool utilisation, KV and queueing, the prefix
+cache's counters, the KV transfers, and the deployment's GPUs and $/hour summed over the pools. The
+records are built by hand (no kernel), so every expected value is worked out here."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import servesim.api as api
+import servesim.engine.run as engine_run
+from servesim.engine import codes as C
+from servesim.engine import kernel as K
+from servesim.metrics import kv_transfer_summary, pools_summary, prefix_cache_summary, requests_frame
+
+POOLS = [dict(name="h100-sxm:tp1:x2:prefill", role="prefill", hardware="h100-sxm", tp=1, pp=1, replicas=2, first=0,
+              num_gpus=2, usd_per_hour=8.5, kv_blocks_per_replica=100),
+         dict(name="h100-sxm:tp1:x1:decode", role="decode", hardware="h100-sxm", tp=1, pp=1, replicas=1, first=2,
+              num_gpus=1, usd_per_hour=4.25, kv_blocks_per_replica=200)]
+
+
+def _hand_run():
+    """Four requests on a 2-replica prefill pool and a 1-replica decode pool, over 10 s."""
+    stats = np.zeros(K.N_STATS)
+    stats[K.STAT_END_TIME] = 10.0
+    pool_stats = np.zeros((2, K.N_STATS))
+    pool_stats[0, [K.STAT_BUSY, K.STAT_INFLIGHT_TIME, K.STAT_KV_TIME, K.STAT_KV_MAX, K.STAT_ITERATIONS]] = \
+        [12.0, 16.0, 500.0, 80, 40]
+    pool_stats[1, [K.STAT_BUSY, K.STAT_INFLIGHT_TIME, K.STAT_KV_TIME, K.STAT_KV_MAX, K.STAT_ITERATIONS]] = \
+        [5.0, 9.0, 1000.0, 150, 90]
+    out = SimpleNamespace(stats=stats, pool_stats=pool_stats)
+    # request 3 has a 1-token output: done on its prefill replica, no transfer
+    df = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0, 3.0], "queue_s": [0.1, 0.3, 0.0, 0.5],
+                       "replica": [2, 2, 2, 1], "pf_replica": [0, 1, 0, -1],
+                       "xfer_start_s": [0.5, 1.6, 2.4, np.nan], "xfer_end_s": [0.52, 1.64, 2.46, np.nan]})
+    return out, df
+
+
+def test_per_pool_utilisation_kv_and_queueing_by_hand():
+    out, df = _hand_run()
+    pf, dc = pools_summary(df, out, POOLS, warmup=0.0)
+    assert pf["utilisation"] == pytest.approx(12.0 / (2 * 10.0))      # busy / (replicas x time)
+    assert pf["busy_fraction"] == pytest.approx(16.0 / 20.0)
+    assert pf["kv_utilisation"] == pytest.approx(500.0 / (10.0 * 2 * 100))
+    assert pf["kv_max"] == pytest.approx(0.8)
+    assert dc["utilisation"] == pytest.approx(0.5) and dc["kv_utilisation"] == pytest.approx(0.5)
+    assert dc["kv_max"] == pytest.approx(0.75) and dc["iterations"] == 90
+    # every request entered the prefill pool: queues 100, 300, 0, 500 ms
+    assert pf["num_requests"] == 4
+    assert pf["queue_ms"]["mean"] == pytest.approx(225.0)
+    assert pf["queue_ms"]["p50"] == pytest.approx(200.0)            # halfway between 100 and 300
+    assert "queue_ms" not in dc                                      # decode start is not recorded
+    # the decode pool decoded requests 0-2, transfers of 20, 40 and 60 ms
+    assert dc["num_requests"] == 3
+    assert dc["kv_transfer_ms"]["mean"] == pytest.approx(40.0) and dc["kv_transfer_ms"]["p50"] == pytest.approx(40.0)
+    assert (pf["name"], pf["usd_per_hour"], dc["num_gpus"]) == ("h100-sxm:tp1:x2:prefill", 8.5, 1)
+
+
+def test_warmup_leaves_out_the_early_requests():
+    out, df = _hand_run()
+    pf, dc = pools_summary(df, out, POOLS, warmup=0.5)
+    assert pf["num_requests"] == 3 and pf["queue_ms"]["mean"] == pytest.approx(800.0 / 3)
+    assert dc["kv_transfer_ms"]["mean"] == pytest.approx(50.0)
+    kv = kv_transfer_summary(df, warmup=0.5)
+    assert kv["count"] == 2 and kv["p50"] == pytest.approx(50.0) and kv["p90"] == pytest.approx(58.0)
+
+
+def test_prefix_cache_counters():
+    prefix = np.zeros(C.N_PREFIX)
+    prefix[[C.HIT_GPU_TOKENS, C.HIT_CPU_TOKENS, C.LOOKUP_TOKENS, C.GPU_EVICTIONS, C.CPU_EVICTIONS]] = \
+        [300, 100, 1000, 7, 2]
+    s = prefix_cache_summary(prefix)
+    assert s["hit_rate"] == pytest.approx(0.4)                        # (300 + 100) / 1000
+    assert (s["gpu_hits"], s["cpu_hits"], s["evictions"]) == (300, 100, {"gpu": 7, "cpu": 2})
+    assert prefix_cache_summary(np.zeros(C.N_PREFIX))["hit_rate"] is None
+
+
+def test_a_request_caught_in_transfer_is_counted_unfinished():
+    n = 2
+    out = SimpleNamespace(arrival=np.zeros(n), scheduled=np.zeros(n), first_token=np.full(n, np.nan),
+                          finish=np.full(n, np.nan), preemptions=np.zeros(n, np.int64),
+                          replica=np.zeros(n, np.int64), status=np.array([C.TRANSFER, C.WAITING]),
+                          max_gap=np.zeros(n))
+    df = requests_frame(out, [10, 10], [5, 5])
+    assert df.status.tolist() == ["transfer", "waiting"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the API end to end around a stand-in kernel
+
+
+def _fake_run_pools(seen):
+    def run_pools(pool_costs, cfg, pools, arrival, prompt, output, seed, chains):
+        seen.update(costs=pool_costs, cfg=cfg, pools=pools, chains=chains)
+        n = len(arrival)
+        arr = np.asarray(arrival) + cfg.frontend
+        stats = np.zeros(K.N_STATS)
+        stats[K.STAT_END_TIME] = float(arr.max() + 2.0)
+        stats[K.STAT_BUSY] = stats[K.STAT_INFLIGHT_TIME] = 1.0
+        pool_stats = np.zeros((len(pools.role), K.N_STATS))
+        pool_stats[:, K.STAT_KV_MAX] = 1
+        prefix = np.zeros(C.N_PREFIX)
+        prefix[[C.HIT_GPU_TOKENS, C.LOOKUP_TOKENS]] = [64, 256]
+        entry, decode = int(pools.first[0]), int(pools.first[-1])
+        return SimpleNamespace(
+            arrival=arr - cfg.frontend, scheduled=arr + 0.01, first_token=arr + 0.1, finish=arr + 1.0,
+            preemptions=np.zeros(n, np.int64), replica=np.full(n, decode, np.int64),
+            status=np.full(n, C.DONE, np.int64), max_gap=np.full(n, 0.05), gap_hist=np.zeros(C.GAP_BINS, np.int64),
+            log_time=np.zeros(0), log_replica=np.zeros(0, np.int64), log_seqs=np.zeros(0, np.int64),
+            log_tokens=np.zeros(0, np.int64), log_kv_blocks=np.zeros(0, np.int64), log_waiting=np.zeros(0, np.int64),
+            log_count=0, stats=stats, pool_stats=pool_stats, prefix=prefix,
+            xfer_start=arr + 0.07, xfer_end=arr + 0.1, pf_replica=np.full(n, entry, np.int64))
+    return run_pools
+
+
+def test_api_lowers_every_pool_and_sums_gpus_and_price(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(engine_run, "run_pools", _fake_run_pools(seen), raising=False)
+    res = api.simulate(pool=("h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"), num_requests=20, rate=2.0,
+                       isl=300, osl=20, num_system_prompts=2, system_prompt_len=64)
+    cfg, pools, chains = seen["cfg"], seen["pools"], seen["chains"]
+    assert cfg.replicas == 3 and cfg.prefix_caching == 1 and cfg.layerwise == 0
+    assert pools.role.tolist() == [C.PREFILL, C.DECODE] and pools.first.tolist() == [0, 2]
+    # the shared 64-token system prompt: 4 blocks of 16 in every request's chain
+    assert chains.length.tolist() == [4] * 20
+    s = res.summary
+    # 2 x 1 h100-sxm at $4.25 + 1 x 2 a100-sxm-80gb at $2.21 (hardware_profiles/*.toml)
+    assert s["config"]["num_gpus"] == 4
+    assert s["cost"]["usd_per_hour"] == pytest.approx(2 * 4.25 + 2 * 2.21)
+    assert [p["usd_per_hour"] for p in s["pools"]] == pytest.approx([8.5, 4.42])
+    assert [p["role"] for p in s["pools"]] == ["prefill", "decode"]
+    assert s["prefix_cache"]["hit_rate"] == pytest.approx(0.25)
+    assert s["kv_transfer_ms"]["p50"] == pytest.approx(30.0) and s["kv_transfer_ms"]["count"] == 20
+    assert s["pools"][0]["queue_ms"]["mean"] == pytest.approx(10.0)
+    assert s["config"]["pool"] == ["h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"]
+    assert s["config"]["prefix_caching"] is True
+    assert {"pf_replica", "xfer_start_s", "xfer_end_s"} <= set(res.requests.columns)
+    # --price replaces every pool's
+    res = api.simulate(pool=("h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"), num_requests=20, rate=2.0,
+                       price=1.0)
+    assert res.summary["cost"]["usd_per_hour"] == pytest.approx(4.0)
+
+
+def test_no_prefix_caching_passes_empty_chains(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(engine_run, "run_pools", _fake_run_pools(seen), raising=False)
+    res = api.simulate(pool=("h100-sxm:tp1:x2",), num_requests=10, rate=2.0, prefix_caching=False,
+                       num_system_prompts=2, system_prompt_len=64)
+    ch = seen["chains"]
+    assert ch.length.tolist() == [0] * 10 and ch.ids.size == 0 and ch.next_turn.tolist() == [-1] * 10
+    assert "prefix_cache" not in res.summary and "kv_transfer_ms" not in res.summary
+    assert seen["cfg"].prefix_caching == 0
+
+
+def test_single_pool_runs_keep_their_config_keys():
+    res = api.simulate(num_requests=20, rate=2.0)
+    for key in ("pool", "prefix_caching", "cpu_kv_gib", "kv_link", "layerwise_transfer"):
+        assert key not in res.summary["config"]
+    assert "pools" not in res.summary and "prefix_cache" not in res.summary
+    res = api.simulate(num_requests=20, rate=2.0, prefix_caching=False)
+    assert res.summary["config"]["prefix_caching"] is False
