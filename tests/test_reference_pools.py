@@ -1,0 +1,291 @@
+"""The reference simulator's pools, prefix cache, sessions and prefill/decode disaggregation
+(engine/POOLS.md), checked against values derived by hand from the cost model's iteration prices."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servesim.costmodel.iteration import iteration_components_nb
+from servesim.engine import codes as C
+from servesim.engine import state as S
+from servesim.engine.run import EngineOptions, engine_config
+from servesim.reference.sim import KVCache, reference_simulate, reference_simulate_pools
+
+BS = 16
+KVB = 131072.0          # llama-3.1-8b bf16: 2 x 8 KV heads x 128 x 32 layers x 2 B per token
+
+
+def pools_of(specs, link_bw=1e9, link_alpha=0.0):
+    """Pools from a list of per-pool dicts (role, count, num_blocks; the rest defaulted)."""
+    first, arrays = 0, {k: [] for k in S.Pools._fields if k not in ("link_bw", "link_alpha")}
+    for sp in specs:
+        sp = dict(dict(role=C.MIXED, count=1, pp=1, num_blocks=1000, watermark_blocks=0, cpu_blocks=0,
+                       kv_bytes_per_token=KVB, kv_bytes_total=KVB, kv_gpus=1, n_layers=32, weight=1.0), **sp)
+        sp["first"] = first
+        first += sp["count"]
+        for k in arrays:
+            arrays[k].append(sp[k])
+    P = len(specs)
+    ints = {"role", "first", "count", "pp", "num_blocks", "watermark_blocks", "cpu_blocks", "kv_gpus", "n_layers"}
+    out = {k: np.array(v, np.int64 if k in ints else np.float64) for k, v in arrays.items()}
+    return S.Pools(link_bw=np.full((P, P), float(link_bw)), link_alpha=np.full((P, P), float(link_alpha)), **out)
+
+
+def chains_of(lists, next_turn=None, think=None):
+    n = len(lists)
+    start = np.cumsum([0] + [len(x) for x in lists[:-1]]).astype(np.int64)
+    ids = np.array([b for x in lists for b in x], np.int64)
+    return S.Chains(start=start, length=np.array([len(x) for x in lists], np.int64), ids=ids,
+                    next_turn=np.full(n, -1, np.int64) if next_turn is None else np.array(next_turn, np.int64),
+                    think=np.zeros(n) if think is None else np.array(think, np.float64))
+
+
+def config(rc, pools, **opts):
+    caching = opts.pop("prefix_caching", 0)
+    layerwise = opts.pop("layerwise", 0)
+    base = dict(max_num_seqs=16, max_num_batched_tokens=512, block_size=BS)
+    cfg = engine_config(EngineOptions(**(base | opts)), rc)
+    return cfg._replace(replicas=int(pools.count.sum()), pp=int(pools.pp.max()), prefix_caching=caching,
+                        layerwise=layerwise)
+
+
+def run(rc, cfg, pools, arrival, prompt, output, chains=None, ps=None):
+    n = len(prompt)
+    ps = tuple(rc.params for _ in pools.role) if ps is None else ps
+    chains = chains_of([[] for _ in range(n)]) if chains is None else chains
+    u = np.linspace(0.1, 0.9, n)
+    return reference_simulate_pools(ps, cfg, pools, np.asarray(arrival, np.float64), np.asarray(prompt, np.int64),
+                                    np.asarray(output, np.int64), u, u[::-1].copy(), chains)
+
+
+def prefill_cost(p, c, ctx=0):
+    """One micro-batch of one prompt chunk of c tokens over ctx cached ones that finishes the prompt."""
+    return iteration_components_nb(p, float(c), 1.0, 1.0, c * (ctx + (c + 1.0) / 2.0), float(ctx + c), 0.0, 0.0)
+
+
+def decode_cost(p, ctx):
+    """One micro-batch of one decode whose KV holds ctx tokens."""
+    return iteration_components_nb(p, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx + 1.0)
+
+
+PD = [dict(role=C.PREFILL), dict(role=C.DECODE)]
+
+
+# ---------------------------------------------------------------- prefill/decode disaggregation
+def test_one_request_ttft_is_prefill_plus_transfer(replica_cost):
+    rc = replica_cost()
+    p = rc.params
+    bw, alpha = 50e9, 20e-6
+    pools = pools_of([dict(role=C.PREFILL, kv_bytes_total=2 * KVB, kv_gpus=2),
+                      dict(role=C.DECODE, kv_bytes_total=4 * KVB, kv_gpus=4)], bw, alpha)
+    ref = run(rc, config(rc, pools), pools, [0.0], [300], [3])
+    t_pf = prefill_cost(p, 300).latency
+    nbytes = 300 * 2 * KVB / 2          # per GPU pair: the prefill's KV over min(2, 4) GPUs
+    t_x = t_pf + nbytes / bw + alpha
+    assert ref["xfer_start"][0] == t_pf
+    assert ref["xfer_end"][0] == pytest.approx(t_x, rel=1e-12)
+    assert ref["first_token"][0] == ref["xfer_end"][0]
+    # two decodes on the decode replica (KV of 300 then 301 tokens, one token each)
+    t_end = ref["first_token"][0] + decode_cost(p, 300).latency + decode_cost(p, 301).latency
+    assert ref["finish"][0] == pytest.approx(t_end, rel=1e-12)
+    assert ref["pf_replica"][0] == 0 and ref["replica"][0] == 1 and ref["status"][0] == C.DONE
+    assert ref["scheduled"][0] == 0.0
+    ps = ref["pool_stats"]
+    assert ps[0, S.STAT_ITERATIONS] == 1 and ps[1, S.STAT_ITERATIONS] == 2
+    assert ps[0, S.STAT_BUSY] == prefill_cost(p, 300).interval
+    np.testing.assert_array_equal(ref["free_blocks"], pools.num_blocks)
+
+
+def test_one_token_requests_stay_on_the_prefill_replica(replica_cost):
+    rc = replica_cost()
+    pools = pools_of(PD)
+    ref = run(rc, config(rc, pools), pools, [0.0], [100], [1])
+    assert ref["finish"][0] == ref["first_token"][0] == prefill_cost(rc.params, 100).latency
+    assert np.isnan(ref["xfer_start"][0]) and ref["pf_replica"][0] == -1 and ref["replica"][0] == 0
+
+
+def test_two_transfers_share_the_prefill_egress(replica_cost):
+    """Two prompts finish in one micro-batch: both move at bw / 2 until the smaller one is done,
+    then the other at bw: B1 ends after 2 B1 / bw, B2 after (B1 + B2) / bw."""
+    rc = replica_cost()
+    bw = 10e9
+    pools = pools_of(PD, bw)
+    prompt = [100, 300]
+    ref = run(rc, config(rc, pools), pools, [0.0, 0.0], prompt, [2, 2])
+    b1, b2 = prompt[0] * KVB, prompt[1] * KVB
+    t0 = ref["xfer_start"]
+    assert t0[0] == t0[1]
+    dur = ref["xfer_end"] - t0
+    assert dur[0] == pytest.approx(2 * b1 / bw, rel=1e-12)
+    assert dur[1] == pytest.approx((b1 + b2) / bw, rel=1e-12)
+    # alone, the same transfer takes half as long
+    alone = run(rc, config(rc, pools), pools, [0.0], prompt[:1], [2])
+    assert alone["xfer_end"][0] - alone["xfer_start"][0] == pytest.approx(b1 / bw, rel=1e-12)
+
+
+def test_two_equal_transfers_each_take_twice_as_long(replica_cost):
+    rc = replica_cost()
+    bw = 10e9
+    pools = pools_of(PD, bw)
+    ref = run(rc, config(rc, pools), pools, [0.0, 0.0], [200, 200], [2, 2])
+    np.testing.assert_allclose(ref["xfer_end"] - ref["xfer_start"], 2 * 200 * KVB / bw, rtol=1e-12)
+
+
+def test_held_until_the_decode_replica_frees_blocks(replica_cost):
+    """The decode replica holds one reservation (7 of 8 blocks): the second request waits in the
+    held FIFO with its prefill blocks until the first is done there, then its transfer starts."""
+    rc = replica_cost()
+    bw = 20e9
+    pools = pools_of([dict(role=C.PREFILL), dict(role=C.DECODE, num_blocks=8)], bw)
+    ref = run(rc, config(rc, pools), pools, [0.0, 0.0], [100, 100], [2, 2])
+    assert ref["xfer_start"][1] == ref["finish"][0]
+    assert ref["first_token"][1] == pytest.approx(ref["finish"][0] + 100 * KVB / bw, rel=1e-12)
+    assert ref["xfer_start"][0] < ref["xfer_start"][1]
+    np.testing.assert_array_equal(ref["status"], [C.DONE, C.DONE])
+
+
+def test_layerwise_exposes_only_what_the_prefill_did_not_hide(replica_cost):
+    rc = replica_cost()
+    p = rc.params
+    t_pf = prefill_cost(p, 400).latency
+    nbytes = 400 * KVB
+    for bw in (0.5 * nbytes / t_pf, 100.0 * nbytes / t_pf):     # mostly hidden; all but the last layer
+        pools = pools_of(PD, bw)
+        ref = run(rc, config(rc, pools, layerwise=1), pools, [0.0], [400], [2])
+        left = max(nbytes / 32, nbytes - bw * t_pf)
+        assert ref["xfer_end"][0] - ref["xfer_start"][0] == pytest.approx(left / bw, rel=1e-12)
+
+
+def test_prefill_pool_rejects_what_no_decode_pool_can_hold(replica_cost):
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL, num_blocks=100), dict(role=C.DECODE, num_blocks=20)])
+    # 300 + 10 tokens need 20 blocks: fits the decode pool; 330 + 10 need 22: no decode pool holds it;
+    # 1700 tokens of prompt need 107 blocks: more than the prefill pool
+    ref = run(rc, config(rc, pools), pools, [0.0, 1.0, 2.0], [300, 330, 1700], [10, 10, 2])
+    np.testing.assert_array_equal(ref["status"], [C.DONE, C.REJECTED, C.REJECTED])
+
+
+# ---------------------------------------------------------------- pools and routing
+def test_least_requests_weighs_load_by_pool_capacity(replica_cost):
+    """load / weight with weights 1 and 3: 0 vs 0 -> replica 0; 1 vs 0; 1 vs 1/3; 1 vs 2/3 -> replica 1;
+    1 vs 1 -> replica 0 (ties to the lower index)."""
+    rc = replica_cost()
+    pools = pools_of([dict(weight=1.0), dict(weight=3.0, pp=2, num_blocks=500)])
+    cfg = config(rc, pools, router="least-requests")
+    ps = (rc.params, replica_cost(1, 2).params)
+    ref = run(rc, cfg, pools, np.arange(5) * 1e-7, [50] * 5, [20] * 5, ps=ps)
+    np.testing.assert_array_equal(ref["replica"], [0, 1, 1, 1, 0])
+    assert ref["pool_stats"][1, S.STAT_STAGE_BUSY] > 0.0 == ref["pool_stats"][0, S.STAT_STAGE_BUSY]
+    assert ref["stats"][S.STAT_ITERATIONS] == ref["pool_stats"][:, S.STAT_ITERATIONS].sum() == ref["iterations"]
+
+
+def test_prefix_aware_routes_to_the_cached_prefix(replica_cost):
+    """Request 2 shares request 0's two blocks, cached on replica 0, which is busier than replica 1:
+    prefix-aware sends it there (and it hits 32 tokens); least-requests would not."""
+    rc = replica_cost()
+    pools = pools_of([dict(count=2)])
+    chains = chains_of([[7, 8], [], [7, 8]])
+    arrival, prompt, output = [0.0, 0.5, 0.6], [40, 40, 40], [1, 200, 1]
+    ref = run(rc, config(rc, pools, router="prefix-aware", prefix_caching=1), pools, arrival, prompt, output, chains)
+    np.testing.assert_array_equal(ref["replica"], [0, 0, 0])
+    assert ref["prefix"][C.HIT_GPU_TOKENS] == 32
+    lr = run(rc, config(rc, pools, router="least-requests", prefix_caching=1), pools, arrival, prompt, output, chains)
+    np.testing.assert_array_equal(lr["replica"], [0, 0, 1])
+    assert lr["prefix"][C.HIT_GPU_TOKENS] == 0
+
+
+# ---------------------------------------------------------------- prefix cache
+def _lru_workload(cpu_blocks):
+    """8 GPU blocks. A (49 tokens: 3 chain blocks + 1 private) is done and releases a2, a1, a0 in
+    that order; B (96 tokens, 6 blocks) takes the 5 empty ones and evicts the LRU head: a2, A's tail.
+    C (A's chain again) then finds a0, a1 on the GPU (and a2 in the CPU tier if there is one)."""
+    pools = pools_of([dict(num_blocks=8, cpu_blocks=cpu_blocks)])
+    chains = chains_of([[10, 11, 12], [], [10, 11, 12]])
+    return pools, chains, [0.0, 1.0, 2.0], [49, 96, 49], [1, 1, 1]
+
+
+def test_lru_evicts_a_requests_tail_block_first(replica_cost):
+    rc = replica_cost()
+    pools, chains, arrival, prompt, output = _lru_workload(0)
+    ref = run(rc, config(rc, pools, prefix_caching=1), pools, arrival, prompt, output, chains)
+    pf = ref["prefix"]
+    assert pf[C.HIT_GPU_TOKENS] == 32 and pf[C.HIT_CPU_TOKENS] == 0
+    assert pf[C.GPU_EVICTIONS] == 1 and pf[C.CPU_EVICTIONS] == 0
+    assert pf[C.LOOKUP_TOKENS] == 49 + 96 + 49
+    # C prefills its last 17 tokens over the 32 it hit
+    assert ref["first_token"][2] - 2.0 == pytest.approx(prefill_cost(rc.params, 17, 32).latency, rel=1e-12)
+    np.testing.assert_array_equal(ref["free_blocks"], [8])
+
+
+def test_cpu_tier_hit_pays_the_reload(replica_cost):
+    rc = replica_cost()
+    p = rc.params
+    pools, chains, arrival, prompt, output = _lru_workload(4)
+    ref = run(rc, config(rc, pools, prefix_caching=1), pools, arrival, prompt, output, chains)
+    pf = ref["prefix"]
+    reload = p.swap_alpha + 1 * BS * KVB / p.swap_bw
+    assert pf[C.HIT_GPU_TOKENS] == 32 and pf[C.HIT_CPU_TOKENS] == 16
+    assert pf[C.GPU_EVICTIONS] == 0 and pf[C.CPU_EVICTIONS] == 0     # moved to the CPU tier, not dropped
+    assert pf[C.CPU_RELOAD_TIME] == reload
+    # C computes its last prompt token over 48 cached ones, and its step pays the reload
+    assert ref["first_token"][2] - 2.0 == pytest.approx(prefill_cost(p, 1, 48).latency + reload, rel=1e-12)
+    assert ref["swap_time"] == reload
+
+
+def test_cpu_tier_full_drops_its_lru_head(replica_cost):
+    """A CPU tier of one block: B's two evictions (a2, then a1) move both there, a2 is dropped."""
+    rc = replica_cost()
+    pools = pools_of([dict(num_blocks=8, cpu_blocks=1)])
+    chains = chains_of([[10, 11, 12], [], [10, 11, 12]])
+    ref = run(rc, config(rc, pools, prefix_caching=1), pools, [0.0, 1.0, 2.0], [49, 112, 49], [1, 1, 1], chains)
+    pf = ref["prefix"]
+    assert pf[C.CPU_EVICTIONS] == 1
+    assert pf[C.HIT_GPU_TOKENS] == 16 and pf[C.HIT_CPU_TOKENS] == 16     # a0 on the GPU, a1 in the CPU tier
+
+
+def test_shared_prefix_hit_rate_is_analytical(replica_cost, small_engine):
+    """Three groups with a 100-token prefix (6 whole blocks), four requests each; every group's first
+    request is done before the others arrive, so each later one hits exactly 96 tokens: the hit rate
+    is 9 x 96 / (12 x 160), the shared blocks over the prompt blocks of all requests."""
+    rc = replica_cost()
+    cfg = small_engine(rc, num_blocks=400)
+    n, g = 12, 3
+    group = np.arange(n) % g
+    arrival = np.where(np.arange(n) < g, 1.0 * np.arange(n), 5.0 + 0.2 * np.arange(n))
+    prompt = np.full(n, 160)
+    u = np.zeros(n)
+    ref = reference_simulate(rc.params, cfg, arrival, prompt, np.full(n, 4), u, u, group, np.full(n, 96))
+    pf = ref["prefix"]
+    assert pf[C.HIT_GPU_TOKENS] / pf[C.LOOKUP_TOKENS] == pytest.approx(9 * 6 / (12 * 10), abs=1e-15)
+    ttft = ref["first_token"] - ref["arrival"]
+    np.testing.assert_allclose(ttft[g:], prefill_cost(rc.params, 64, 96).latency, rtol=1e-12)
+    np.testing.assert_allclose(ttft[:g], prefill_cost(rc.params, 160).latency, rtol=1e-12)
+
+
+def test_kv_cache_take_and_release_order():
+    kv = KVCache(4, cpu_capacity=0)
+    kv.take(3)
+    for b in (1, 2, 3):
+        kv.register(b)          # three private blocks become entries
+    kv.give_back(0)
+    for b in (3, 2, 1):         # released tail first
+        kv.release(b)
+    assert kv.free == 4 and list(kv.gpu_lru) == [3, 2, 1]
+    kv.take(2)                  # one empty, then the LRU head
+    assert list(kv.gpu_lru) == [2, 1] and kv.gpu_evictions == 1 and 3 not in kv.entries
+
+
+# ---------------------------------------------------------------- sessions
+def test_session_turn_arrives_after_think_and_hits_its_history(replica_cost):
+    """Turn 0 (40 + 10 tokens) caches its 3 full blocks (the third once its decodes reach 48 tokens);
+    turn 1 is sent `think` after turn 0 ends, reaches the engine `frontend` later, and hits all 3.
+    Request 2, in order, is not held up by turn 1."""
+    rc = replica_cost()
+    pools = pools_of([{}])
+    chains = chains_of([[1, 2, 3], [1, 2, 3], []], next_turn=[1, -1, -1], think=[0.0, 0.5, 0.0])
+    cfg = config(rc, pools, prefix_caching=1)._replace(frontend=0.01)
+    ref = run(rc, cfg, pools, [0.0, 0.0, 0.05], [40, 80, 30], [10, 5, 3], chains)
+    assert ref["arrival"][1] == ref["finish"][0] + 0.5 + 0.01
+    assert ref["arrival"][2] == 0.05
+    assert ref["prefix"][C.HIT_GPU_TOKENS] == 48
+    assert ref["first_token"][1] - ref["arrival"][1] == pytest.approx(prefill_cost(rc.params, 32, 48).latency, rel=1e-12)
