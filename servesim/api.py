@@ -146,13 +146,19 @@ _POOL_OPTIONS = {"pool": (), "prefix_caching": True, "cpu_kv_gib": 0.0, "kv_link
 
 
 def _plain_config(cfg: SimConfig, pools: bool) -> dict:
+    from .pools import PoolSpec, parse_pool
     config = plain(cfg)
     if not pools:
         for name, today in _POOL_OPTIONS.items():
             if config[name] == today:
                 del config[name]
-    else:
-        config["pool"] = list(config["pool"])
+    else:   # the single-pool fields describe the deployment: its replicas, hardware, and TP/PP where one
+        specs = [parse_pool(t) for t in cfg.pool] if cfg.pool else [PoolSpec(cfg.hardware, cfg.tp, cfg.pp, cfg.replicas)]
+        config["pool"] = "+".join(s.text for s in specs)      # the form --grid pool= takes (one cell of a table)
+        config["replicas"] = sum(s.replicas for s in specs)
+        config["hardware"] = "+".join(dict.fromkeys(s.hardware for s in specs))
+        config["tp"] = specs[0].tp if len({s.tp for s in specs}) == 1 else None
+        config["pp"] = specs[0].pp if len({s.pp for s in specs}) == 1 else None
     return config
 
 

@@ -219,7 +219,7 @@ def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float) ->
     holds each pool's share of the run's totals. ``utilisation``: first-stage busy time / (replicas x
     run time), ``busy_fraction``: time with a micro-batch in flight / (replicas x run time) (as the
     deployment's `utilization` block); ``kv_utilisation``: mean KV blocks in use / the pool's blocks,
-    ``kv_max`` the most on one replica. ``queue_ms`` (mixed and prefill pools): engine arrival to first
+    ``kv_max`` the most on one replica; ``mean_batch_size``: sequences x time / busy time. ``queue_ms`` (mixed and prefill pools): engine arrival to first
     admission of the measured requests that entered the pool (the prefill replica, else the replica
     that served them); not for decode pools (the kernel records no decode start; their requests'
     wait is in ``kv_transfer_ms``: transfer start to end, of the requests the pool decoded)."""
@@ -237,7 +237,8 @@ def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float) ->
                                         "usd_per_hour", "kv_blocks_per_replica")}
         item |= {"utilisation": st[K.STAT_BUSY] / (end * r), "busy_fraction": st[K.STAT_INFLIGHT_TIME] / (end * r),
                  "kv_utilisation": st[K.STAT_KV_TIME] / (end * r * blocks), "kv_max": st[K.STAT_KV_MAX] / blocks,
-                 "iterations": int(st[K.STAT_ITERATIONS]), "preemptions": int(st[K.STAT_PREEMPTIONS])}
+                 "mean_batch_size": st[K.STAT_SEQS_TIME] / st[K.STAT_BUSY] if st[K.STAT_BUSY] > 0 else 0.0,
+                 "preemptions": int(st[K.STAT_PREEMPTIONS])}
         if p["role"] == "decode":
             mine = measured & (replica >= lo) & (replica < hi)
             item["kv_transfer_ms"] = _ms_stats((df.xfer_end_s - df.xfer_start_s).to_numpy()[mine])

@@ -15,6 +15,8 @@ from servesim.engine import codes as C
 from servesim.engine import kernel as K
 from servesim.metrics import kv_transfer_summary, pools_summary, prefix_cache_summary, requests_frame
 
+LLAMA8B_KV = 2 * 8 * 128 * 2 * 32     # B per token: K and V, 8 KV heads of 128, bf16, 32 layers (config.json)
+
 POOLS = [dict(name="h100-sxm:tp1:x2:prefill", role="prefill", hardware="h100-sxm", tp=1, pp=1, replicas=2, first=0,
               num_gpus=2, usd_per_hour=8.5, kv_blocks_per_replica=100),
          dict(name="h100-sxm:tp1:x1:decode", role="decode", hardware="h100-sxm", tp=1, pp=1, replicas=1, first=2,
@@ -26,10 +28,10 @@ def _hand_run():
     stats = np.zeros(K.N_STATS)
     stats[K.STAT_END_TIME] = 10.0
     pool_stats = np.zeros((2, K.N_STATS))
-    pool_stats[0, [K.STAT_BUSY, K.STAT_INFLIGHT_TIME, K.STAT_KV_TIME, K.STAT_KV_MAX, K.STAT_ITERATIONS]] = \
-        [12.0, 16.0, 500.0, 80, 40]
-    pool_stats[1, [K.STAT_BUSY, K.STAT_INFLIGHT_TIME, K.STAT_KV_TIME, K.STAT_KV_MAX, K.STAT_ITERATIONS]] = \
-        [5.0, 9.0, 1000.0, 150, 90]
+    pool_stats[0, [K.STAT_BUSY, K.STAT_INFLIGHT_TIME, K.STAT_KV_TIME, K.STAT_KV_MAX, K.STAT_SEQS_TIME]] = \
+        [12.0, 16.0, 500.0, 80, 24.0]
+    pool_stats[1, [K.STAT_BUSY, K.STAT_INFLIGHT_TIME, K.STAT_KV_TIME, K.STAT_KV_MAX, K.STAT_SEQS_TIME]] = \
+        [5.0, 9.0, 1000.0, 150, 150.0]
     out = SimpleNamespace(stats=stats, pool_stats=pool_stats)
     # request 3 has a 1-token output: done on its prefill replica, no transfer
     df = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0, 3.0], "queue_s": [0.1, 0.3, 0.0, 0.5],
@@ -46,7 +48,8 @@ def test_per_pool_utilisation_kv_and_queueing_by_hand():
     assert pf["kv_utilisation"] == pytest.approx(500.0 / (10.0 * 2 * 100))
     assert pf["kv_max"] == pytest.approx(0.8)
     assert dc["utilisation"] == pytest.approx(0.5) and dc["kv_utilisation"] == pytest.approx(0.5)
-    assert dc["kv_max"] == pytest.approx(0.75) and dc["iterations"] == 90
+    assert dc["kv_max"] == pytest.approx(0.75)
+    assert pf["mean_batch_size"] == pytest.approx(2.0) and dc["mean_batch_size"] == pytest.approx(30.0)
     # every request entered the prefill pool: queues 100, 300, 0, 500 ms
     assert pf["num_requests"] == 4
     assert pf["queue_ms"]["mean"] == pytest.approx(225.0)
@@ -134,7 +137,8 @@ def test_api_lowers_every_pool_and_sums_gpus_and_price(monkeypatch):
     assert s["prefix_cache"]["hit_rate"] == pytest.approx(0.25)
     assert s["kv_transfer_ms"]["p50"] == pytest.approx(30.0) and s["kv_transfer_ms"]["count"] == 20
     assert s["pools"][0]["queue_ms"]["mean"] == pytest.approx(10.0)
-    assert s["config"]["pool"] == ["h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"]
+    assert s["config"]["pool"] == "h100-sxm:tp1:x2:prefill+a100-sxm-80gb:tp2:x1:decode"
+    assert (s["config"]["replicas"], s["config"]["hardware"], s["config"]["tp"]) == (3, "h100-sxm+a100-sxm-80gb", None)
     assert s["config"]["prefix_caching"] is True
     assert {"pf_replica", "xfer_start_s", "xfer_end_s"} <= set(res.requests.columns)
     # --price replaces every pool's
@@ -161,3 +165,52 @@ def test_single_pool_runs_keep_their_config_keys():
     assert "pools" not in res.summary and "prefix_cache" not in res.summary
     res = api.simulate(num_requests=20, rate=2.0, prefix_caching=False)
     assert res.summary["config"]["prefix_caching"] is False
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end, on the pools kernel
+
+
+def _cli_json(*args) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+    r = CliRunner().invoke(main, ["simulate", *args, "--format", "json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_pd_end_to_end_one_request_transfer_by_hand():
+    """One 1000-token prompt from a prefill to a decode replica of h100-sxm (2 GPUs: one NVLink domain):
+    llama-3.1-8b's 131072 B of KV per token over NVLink's point-to-point rate above the size step,
+    450 GB/s x 0.80, after its 7.64 us latency (hardware_profiles/h100-sxm.toml)."""
+    s = _cli_json("--pool", "h100-sxm:tp1:x1:prefill", "--pool", "h100-sxm:tp1:x1:decode", "--model", "llama-3.1-8b",
+                  "--isl", "1000", "--osl", "10", "--num-requests", "1", "--offline")
+    want_ms = (7.64e-6 + 1000 * LLAMA8B_KV / (450e9 * 0.80)) * 1e3
+    assert s["kv_transfer_ms"]["count"] == 1
+    assert s["kv_transfer_ms"]["p50"] == pytest.approx(want_ms, rel=1e-9)
+    assert [p["num_requests"] for p in s["pools"]] == [1, 1]
+
+
+def test_pd_end_to_end_two_hundred_requests():
+    s = _cli_json("--pool", "h100-sxm:tp1:x2:prefill", "--pool", "h100-sxm:tp1:x2:decode", "--model", "llama-3.1-8b",
+                  "--num-requests", "200")
+    assert s["num_completed"] == 200 and s["config"]["num_gpus"] == 4
+    assert [p["role"] for p in s["pools"]] == ["prefill", "decode"]
+    # requests with a 1-token answer finish on their prefill replica, without a transfer
+    assert 0 < s["kv_transfer_ms"]["count"] <= 200 and s["kv_transfer_ms"]["p50"] > 0
+    assert s["pools"][0]["num_requests"] == 200
+    assert s["cost"]["usd_per_hour"] == pytest.approx(4 * 4.25)
+
+
+def test_heterogeneous_pools_end_to_end():
+    s = _cli_json("--pool", "h100-sxm:tp2:x4", "--pool", "a100-sxm-80gb:tp4:x2", "--model", "llama-3.1-8b",
+                  "--num-requests", "300", "--router", "least-requests")
+    assert s["num_completed"] == 300 and "kv_transfer_ms" not in s
+    # 4 x 2 h100-sxm at $4.25 + 2 x 4 a100-sxm-80gb at $2.21 (hardware_profiles/*.toml)
+    assert s["config"]["num_gpus"] == 16
+    assert s["cost"]["usd_per_hour"] == pytest.approx(8 * 4.25 + 8 * 2.21)
+    assert sum(p["num_requests"] for p in s["pools"]) == 300
+    assert all(p["num_requests"] > 0 and 0 < p["utilisation"] <= 1 for p in s["pools"])
