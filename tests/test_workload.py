@@ -280,10 +280,10 @@ def test_large_trace_reads_quickly(tmp_path):
 # ----------------------------------------------------------------------------- workloads
 
 def test_shipped_workloads_listed():
-    assert list_workloads() == ["chat", "code", "long-context", "summarization"]
+    assert list_workloads() == ["chat", "code", "long-context", "sessions", "summarization"]
 
 
-@pytest.mark.parametrize("name", ["chat", "code", "long-context", "summarization"])
+@pytest.mark.parametrize("name", ["chat", "code", "long-context", "sessions", "summarization"])
 def test_every_shipped_workload_builds(name):
     spec = load_workload(name)
     assert spec.name == name and spec.default_rate > 0 and spec.source
@@ -405,7 +405,7 @@ def test_trace_csv_workload():
 def test_unknown_workload_message():
     with pytest.raises(ConfigError) as e:
         load_workload("x")
-    assert str(e.value) == ("unknown workload 'x'; available: chat, code, long-context, summarization; "
+    assert str(e.value) == ("unknown workload 'x'; available: chat, code, long-context, sessions, summarization; "
                             "or pass a .toml or trace .csv path")
 
 

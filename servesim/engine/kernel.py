@@ -1,15 +1,18 @@
 """The jitted event loop: picks the next event in one total order and hands it to its handler.
 
 Arrays in, an `EngineOutput` out; no Python objects. Events are ordered by (time, kind, index):
-a micro-batch completion (which frees KV blocks and emits tokens) comes before an arrival at the
-same instant, and an arrival before a scheduling decision, so a request arriving exactly when
-blocks free up is admitted in that same scheduling step. Ties among completions go to the lowest
-(replica, slot); among replicas ready to schedule, to the lowest replica index. The earliest of
-each kind is kept in a tournament tree (`nextevent.py`), so choosing it does not scan the replicas.
+a micro-batch completion (which frees KV blocks and emits tokens) comes before a KV transfer's
+event, that before an arrival at the same instant, and an arrival before a scheduling decision, so
+a request arriving exactly when blocks free up is admitted in that same scheduling step. Ties among
+completions go to the lowest (replica, slot); among transfers to the lowest request; among replicas
+ready to schedule, to the lowest replica index. The earliest completion and scheduling decision are
+kept in tournament trees (`nextevent.py`), so choosing them does not scan the replicas.
 
-The state is declared in `state.py`, the handlers are in `events.py` (one per event kind) and the
-batch formation policies in `schedule.py`. `simulate_nb` allocates the state and `run_nb` runs the
-loop over it; the handlers are inlined into the loop, which borrows the arrays (`jit.HANDLER`).
+The state is declared in `state.py`, the handlers are in `events.py` (one per event kind), the
+batch formation policies in `schedule.py`, the prefix cache in `prefix.py`, session turns and KV
+transfers in `flow.py`; the semantics of pools, prefix caching and disaggregation in POOLS.md.
+`simulate_pools_nb` allocates the state and `run_nb` runs the loop over it; the handlers are
+inlined into the loop, which borrows the arrays (`jit.HANDLER`). `simulate_nb` is the one-pool case.
 """
 from __future__ import annotations
 
