@@ -182,13 +182,16 @@ def _plan_options(f):
 @click.option("--daily-rates", default=None, help="Daily load curve: req/s per equal slot of the day, comma list; "
               "plans for the peak and reports GPU-hours per day.")
 @click.option("--exhaustive", is_flag=True, help="Simulate every (layout, replicas) point, no pruning.")
+@click.option("--disaggregated", is_flag=True,
+              help="Search prefill/decode pools: per-role hardware (--hardware), TP (--tp) and replica counts from "
+                   "a capacity bound per role; the answer is two --pool specs.")
 @click.option("--top", default=15, show_default=True, type=int, help="Rows of the ranked table.")
 @_backend_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write plan.json, candidates.csv and pareto.png here.")
 def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget, margin,
-         daily_rates, exhaustive, top, dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
+         daily_rates, exhaustive, disaggregated, top, dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
     """Find the cheapest deployment that meets every SLO at the target load.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size / token budget), prunes with
@@ -200,18 +203,22 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
       servesim plan --model llama-3.1-70b --hardware h100-sxm,a100-sxm-80gb --dtype bf16,fp8 \\
           --rate 10 --slo ttft_p99=2s,tpot_p99=80ms --format json -o plan/
       servesim plan --daily-rates 2,2,4,8,12,8 --slo ttft_p99=1s --price h100-sxm=2.5
+      servesim plan --disaggregated --model llama-3.1-70b --workload chat --rate 20 \\
+          --slo ttft_p99=1s,tpot_p99=60ms --hardware h100-sxm
     """
     from ..checks import check_int
     from ..outputs import output_dir
     from ..planning import backends, figures
     from ..planning.sweep import write_table
     from ..workflows.planner import PLACEHOLDERS, execute_plan, plan_error, prepare_plan
+    from ..workflows.planner import check_no_pool
+    check_no_pool(kw.get("pool"), disaggregated)
     base = _base_config(kw | PLACEHOLDERS)
     check_int(top, "--top", hint=" (rows of the ranked table)")
     spec = prepare_plan(base, hardware=hardware, dtype=dtype, tp=tp, pp=pp, max_replicas=max_replicas,
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_gpus=max_gpus,
                         budget=budget, margin=margin, daily_rates=daily_rates, exhaustive=exhaustive, prices=prices,
-                        workers=workers)
+                        workers=workers, disaggregated=disaggregated)
     with output_dir(outdir, "-o", "servesim plan") as od:
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             bar = _Progress(2, "plan")
@@ -229,7 +236,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
     if fmt == "json":
         click.echo(res.to_json())
     else:
-        click.echo(_plan_text(res.summary, top))
+        click.echo(_pd_text(res.summary, top) if disaggregated else _plan_text(res.summary, top))
     err = plan_error(res)
     if err is not None:
         raise err
@@ -268,6 +275,60 @@ def _plan_text(out, top) -> str:
                      f(c.get("num_gpus"), "{}"), f(c.get("usd_per_hour"), "{:.2f}"),
                      f(c.get("usd_per_million_output_tokens"), "{:.3f}"), f(c.get("ttft_ms_p99"), "{:.1f}"),
                      f(c.get("tpot_ms_p99"), "{:.1f}"), c["status"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _pd_text(out, top) -> str:
+    """The text of `plan --disaggregated`: the chosen pools as --pool specs, then the candidates."""
+    from ..planning.capacity import capacity_sentence
+    lines = []
+    b = out["best"]
+    if b:
+        m = b["metrics"]
+        xfer = m.get("kv_transfer_ms") or {}
+        lines.append(f"best: {b['pool_args']} ({b['num_gpus']} GPUs: {b['prefill']['num_gpus']} prefill + "
+                     f"{b['decode']['num_gpus']} decode), ${b['usd_per_hour']:.2f}/h, "
+                     f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
+        lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
+                     f"KV transfer p50 {xfer.get('p50', float('nan')):.2f} ms, SLO attainment "
+                     f"{100 * b['slo_attainment']:.1f}%, SLO headroom {100 * b['headroom']:.0f}% "
+                     f"(margin {100 * b['margin']:.0f}%)")
+        cp, cd = b["prefill"]["capacity_bound"], b["decode"]["capacity_bound"]
+        lines.append(f"      capacity bounds: prefill {cp['tokens_per_s']:.0f} prompt tokens/s per replica -> >= "
+                     f"{cp['replicas_bound']}; decode {cd['tokens_per_s']:.0f} tokens/s per replica at batch "
+                     f"{cd['batch_bound']} ({cd['batch_limited_by']}-bound) -> >= {cd['replicas_bound']}")
+        lines.append("      " + capacity_sentence(b))
+        ch = b["checks"]
+        parts = [f"seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"]
+        for key, role in (("one_prefill_replica_fewer", "prefill"), ("one_decode_replica_fewer", "decode")):
+            if key in ch:
+                parts.append(f"one {role} replica fewer meets: {ch[key]['meets_slo']}")
+        lines.append("      checks: " + "; ".join(parts))
+    else:
+        lines.append(f"no plan: {out['why_not']}")
+    lines.append(f"searched {out['search_space']} P:D candidates with {out['simulations']} simulations")
+    lines.append("")
+    rows = [["prefill", "decode", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "SLO att", "xfer p50", "status"]]
+
+    def f(v, fmt):
+        return "-" if v is None else fmt.format(v)
+    for c in out["candidates"][:top]:
+        if "pools" in c:
+            pf, dc = c["pools"]
+        else:
+            pf = dc = "-"
+            lay = f"{c['hardware']}:tp{c['tp']}" + (f":pp{c['pp']}" if c["pp"] != 1 else "")
+            if c.get("role") == "prefill":
+                pf = lay
+            else:
+                dc = lay
+        rows.append([pf, dc, f(c.get("num_gpus"), "{}"), f(c.get("usd_per_hour"), "{:.2f}"),
+                     f(c.get("usd_per_million_output_tokens"), "{:.3f}"), f(c.get("ttft_ms_p99"), "{:.1f}"),
+                     f(c.get("tpot_ms_p99"), "{:.1f}"),
+                     f(None if c.get("slo_attainment") is None else 100 * c["slo_attainment"], "{:.1f}%"),
+                     f(c.get("kv_transfer_ms_p50"), "{:.2f}"), c["status"]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)

@@ -50,6 +50,7 @@ class PlanSpec:
     default_price: float | None = None
     exhaustive: bool = False
     daily_rates: tuple = ()
+    disaggregated: bool = False                # search prefill/decode pools (planning/disagg.py)
 
 
 @dataclass
@@ -248,6 +249,9 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     if rate <= 0:
         raise ConfigError(f"--rate must be > 0, got {rate}")
     base = replace(base, rate=rate)
+    if spec.disaggregated:
+        from .disagg import plan_disaggregated
+        return plan_disaggregated(spec, base, rate, backend, progress)
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
     prompt, output = _lengths(base)

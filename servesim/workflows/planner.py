@@ -19,9 +19,20 @@ def _candidates(key: str, text) -> tuple:
     return tuple(parse_values(key, text, flag(key)))
 
 
+def check_no_pool(pool, disaggregated: bool, option: str = "--pool") -> None:
+    """plan searches the deployment, so a fixed --pool contradicts it (a one-line error)."""
+    if pool:
+        text = " ".join(pool) if isinstance(pool, (list, tuple)) else str(pool)
+        what = ("--disaggregated searches the prefill and decode pools" if disaggregated
+                else "plan searches the deployment")
+        raise ConfigError(f"plan: {option} {text} contradicts the search ({what}); drop {option} and give the "
+                          "candidates with --hardware, --tp, --pp" + ("" if disaggregated else
+                                                                       ", or --disaggregated for prefill/decode pools"))
+
+
 def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max_replicas=64, max_num_seqs=None,
                  max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None,
-                 exhaustive=False, prices=(), workers=None):
+                 exhaustive=False, prices=(), workers=None, disaggregated=False):
     """Every option of a plan checked (text as the CLI takes it) -> a `planning.plan.PlanSpec`."""
     from ..checks import check_choice, check_float, check_int, check_known_name, check_sim_config
     from ..costmodel.dtypes import WEIGHT_DTYPES
@@ -43,13 +54,25 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
     if not dtypes:
         raise ConfigError("--dtype is empty; give a comma list such as bf16,fp8")
     seqs, tokens = max_num_seqs, max_num_batched_tokens
+    if disaggregated:
+        check_no_pool(base.pool, True)
+        if daily_rates is not None:
+            raise ConfigError(f"--daily-rates {daily_rates} does not work with --disaggregated yet; plan the peak rate "
+                              "with --rate, or drop --disaggregated")
+        for name, text in (("--max-num-seqs", seqs), ("--max-num-batched-tokens", tokens)):
+            if text is not None and len(_candidates(name[2:].replace("-", "_"), text)) > 1:
+                raise ConfigError(f"{name} {text}: --disaggregated takes one value (the engine limits are shared by "
+                                  f"both pools); give one, e.g. {name} {str(text).split(',')[0]}")
+    else:
+        check_no_pool(base.pool, False)
     return PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_candidates("tp", tp), pps=_candidates("pp", pp),
                     max_num_seqs=_candidates("max_num_seqs", seqs) if seqs is not None else (None,),
                     max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
                                             else (None,)),
                     max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
                     prices=per_hw, default_price=default_price, exhaustive=exhaustive,
-                    daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else ())
+                    daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else (),
+                    disaggregated=bool(disaggregated))
 
 
 def execute_plan(spec, backend, progress=None) -> PlanResult:
@@ -58,10 +81,14 @@ def execute_plan(spec, backend, progress=None) -> PlanResult:
     from ..planning.plan import plan as run_plan
     res = run_plan(spec, backend, progress=progress)
     cands = res.candidates
-    if not spec.hardware:
-        fits = {c["hardware"] for c in cands if c["status"] != "infeasible"}
-        cands = [c for c in cands if c["hardware"] in fits]
-    flat = pd.DataFrame([{k: v for k, v in c.items() if not isinstance(v, dict)} for c in cands])
+    if not spec.hardware:   # a P:D row names both roles' hardware, joined by +
+        fits = {h for c in cands if c["status"] != "infeasible" for h in str(c["hardware"]).split("+")}
+        cands = [c for c in cands if all(h in fits for h in str(c["hardware"]).split("+"))]
+    rows = [{k: v for k, v in c.items() if not isinstance(v, dict)} for c in cands]
+    if spec.disaggregated:  # one type per column: pools as text, TP/PP as "prefill+decode" text
+        rows = [{k: (" ".join(v) if isinstance(v, list) else str(v) if k in ("tp", "pp") else v)
+                 for k, v in r.items()} for r in rows]
+    flat = pd.DataFrame(rows)
     return PlanResult(res.best, flat, res.as_dict() | {"candidates": cands})
 
 
@@ -75,7 +102,8 @@ def plan_error(result: PlanResult) -> InfeasibleError | None:
 
 def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=64, max_num_seqs=None,
          max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None, exhaustive=False,
-         price=None, workers=None, dask_scheduler=None, dask_timeout=None, config=None, **options) -> PlanResult:
+         disaggregated=False, price=None, workers=None, dask_scheduler=None, dask_timeout=None, config=None,
+         **options) -> PlanResult:
     """The cheapest deployment meeting every SLO at the target load, as ``servesim plan``.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size, token budget), prunes with
@@ -100,6 +128,11 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
         A daily load curve (req/s per equal slot): plan for its peak and report GPU-hours per day.
     exhaustive : bool
         Simulate every (layout, replicas) point instead of pruning.
+    disaggregated : bool
+        Search prefill/decode pools instead (``planning/disagg.py``): per-role hardware, dtype, TP and
+        PP from the candidate lists, replica counts from a capacity bound per role; ``best["pools"]``
+        is the two ``--pool`` specs, ``max_replicas`` applies per role and ``max_gpus`` / ``budget``
+        to the sum.
     price, workers, dask_scheduler, dask_timeout, config
         As in `sweep`.
     **options
@@ -126,6 +159,7 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
     >>> res.best["hardware"], res.best["replicas"] >= 1
     ('h100-sxm', True)
     """
+    check_no_pool(options.get("pool"), disaggregated, "pool=")
     searched = sorted(set(options) & set(PLACEHOLDERS))
     if searched:
         raise ConfigError(f"plan: {searched[0]}={options[searched[0]]!r} is searched by the planner; give the "
@@ -136,7 +170,7 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
                         pp=as_text(pp), max_replicas=max_replicas, max_num_seqs=as_text(max_num_seqs),
                         max_num_batched_tokens=as_text(max_num_batched_tokens), max_gpus=max_gpus, budget=budget,
                         margin=margin, daily_rates=as_text(daily_rates), exhaustive=exhaustive,
-                        prices=price_items(price, base), workers=workers)
+                        prices=price_items(price, base), workers=workers, disaggregated=disaggregated)
     with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
         res = execute_plan(spec, be)
     err = plan_error(res)
