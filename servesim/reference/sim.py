@@ -427,7 +427,7 @@ class ReferenceSimulator:
             if t_done == t:
                 self.complete(self.replicas[r_done], s_done)
             elif t_xfer == t:
-                self.transfer_event(self.transfers[i_xfer])
+                self.transfer(self.transfers[i_xfer])
             elif t_arr == t:
                 self.arrive(req_arr)
             else:
@@ -500,7 +500,7 @@ class ReferenceSimulator:
             h += 1
         return h
 
-    def lookup(self, rep: Replica, req: Request):
+    def cached(self, rep: Replica, req: Request):
         """(h, g0, c): the prefix a waiting request with nothing computed would hit on admission,
         its GPU entries nobody references, its CPU-tier entries. Changes nothing."""
         if not self.cfg.prefix_caching or req.computed != 0:
@@ -586,7 +586,7 @@ class ReferenceSimulator:
                 req.status = C.TRANSFER
                 req.pf_replica = rep.index
                 req.t_prefill = mb.end - mb.start
-                self.request_decode(req)
+                self.to_decode(req)
                 continue
             req.generated += 1
             if req.generated == 1:
@@ -613,7 +613,7 @@ class ReferenceSimulator:
             self.retry_held()
 
     # ------------------------------------------------------------------ KV transfers
-    def request_decode(self, req: Request):
+    def to_decode(self, req: Request):
         dst = self.route_decode(req)
         if dst is None:
             req.was_held = True
@@ -635,11 +635,14 @@ class ReferenceSimulator:
         """The decode replica for a request whose prompt is done: the router's choice if its
         reservation fits there, else the first that fits in the router's order; None if none."""
         need = blocks_for(req.prompt + 1, self.cfg.block_size)
-        for rep in self.preference(self.decode, req, self.routed_decode, decode=True):
-            if rep.kv.free - need >= self.watermark(rep):
+        for rep in self.pick(self.decode, req, self.routed_decode, decode=True):
+            if self.fits(rep, need):
                 self.routed_decode += 1
                 return rep
         return None
+
+    def fits(self, rep: Replica, need: int) -> bool:
+        return rep.kv.free - need >= self.watermark(rep)
 
     def start_transfer(self, req: Request, dst: Replica):
         src = self.replicas[req.pf_replica]
@@ -689,7 +692,7 @@ class ReferenceSimulator:
         x.done_at = self.now + self.link(x)[1]
         x.req.xfer_end = x.done_at
 
-    def transfer_event(self, x: Transfer):
+    def transfer(self, x: Transfer):
         if x.done_at == INF:
             # its bytes are done: the others speed up; it completes alpha later
             src = x.src
@@ -731,14 +734,14 @@ class ReferenceSimulator:
         rep = self.route(req)
         self.routed += 1
         req.replica = rep.index
-        if self.never_fits(rep, req):
+        if self.rejects(rep, req):
             self.end(req, C.REJECTED)
             return
         req.status = C.WAITING
         rep.waiting.append(req)
         self.wake(rep, max(rep.next_free, self.now))
 
-    def never_fits(self, rep: Replica, req: Request) -> bool:
+    def rejects(self, rep: Replica, req: Request) -> bool:
         pl, bs = self.pools, self.cfg.block_size
         k = rep.pool
         if rep.role == C.PREFILL:
@@ -749,10 +752,10 @@ class ReferenceSimulator:
 
     def route(self, req: Request) -> Replica:
         """The entry replica (mixed or prefill pools) an arrival goes to."""
-        return self.preference(self.entry, req, self.routed)[0]
+        return self.pick(self.entry, req, self.routed)[0]
 
-    def preference(self, reps: list, req: Request, routed: int, decode: bool = False) -> list:
-        """Replicas in the router's order of preference: its choice first; round-robin, random and
+    def pick(self, reps: list, req: Request, routed: int, decode: bool = False) -> list:
+        """Replicas in the router's order of pick: its choice first; round-robin, random and
         power-of-two then go on in index order, wrapping; least-* in the order of their key."""
         R = len(reps)
         router = self.cfg.router
@@ -813,7 +816,7 @@ class ReferenceSimulator:
         if not rep.running:
             while rep.waiting and len(rep.running) < cfg.max_num_seqs:
                 head = rep.waiting[0]
-                hit = self.lookup(rep, head)
+                hit = self.cached(rep, head)
                 h, g0, c = hit
                 private = blocks_for(head.prompt + head.output, cfg.block_size) - h
                 if g0 + c + private > rep.kv.free:
@@ -834,7 +837,7 @@ class ReferenceSimulator:
             head = rep.waiting[0] if rep.waiting else None
             can_admit = False
             if head is not None and len(rep.running) < B:
-                h, g0, c = self.lookup(rep, head)
+                h, g0, c = self.cached(rep, head)
                 base = head.computed + h * bs
                 need = g0 + c + blocks_for(base + head.pending - h * bs, bs) - head.blocks - h
                 can_admit = rep.kv.free - need >= wm
@@ -874,7 +877,7 @@ class ReferenceSimulator:
             return
         while rep.waiting and len(rep.running) < B and len(step.members) < B and step.budget > 0:
             head = rep.waiting[0]
-            hit = self.lookup(rep, head)
+            hit = self.cached(rep, head)
             h, g0, c = hit
             chunk = head.pending - h * bs
             if chunk > step.budget:
