@@ -525,3 +525,19 @@ def test_kernel_pool_stats_iterations_and_end_time(replica_cost):
     cols = [S.STAT_ITERATIONS, S.STAT_END_TIME]
     if not np.array_equal(out.pool_stats[:, cols], ref["pool_stats"][:, cols]):
         pytest.xfail(f"kernel pool_stats iterations/end_time {out.pool_stats[:, cols].tolist()}")
+
+
+def test_kernel_keeps_first_scheduled_time_static_pd(replica_cost):
+    """`scheduled` is the first admission (the prefill replica's). Decode replicas full (max_num_seqs
+    2) queue transferred requests; static batching admits them later: the kernel's static_batch
+    overwrites `scheduled` then (continuous policies keep the first, as the reference does)."""
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL, num_blocks=200, watermark_blocks=1),
+                      dict(role=C.DECODE, count=2, num_blocks=400, watermark_blocks=1)], 30e9, 5e-5)
+    arrival, prompt, output = workload(8, 3, 200.0, 300, 40, min_output=2)
+    cfg = config(rc, pools, scheduler="static", router="least-kv", max_num_seqs=2)
+    out, ref = both((rc.params,) * 2, cfg, pools, arrival, prompt, output, chains_of([[]] * 8))
+    assert (ref["scheduled"] < ref["xfer_start"]).all()      # scheduled on the prefill replica
+    if not np.array_equal(out.scheduled, ref["scheduled"]):
+        pytest.xfail("kernel: static re-admission on a decode replica overwrites `scheduled`")
+    assert_agree(out, ref)
