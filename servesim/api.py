@@ -203,7 +203,8 @@ def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profi
     if getattr(reqs, "next_turn", None) is not None and cfg.concurrency > 0 and np.any(np.asarray(reqs.next_turn) >= 0):
         raise ConfigError(f"--concurrency {cfg.concurrency} and a sessions workload contradict: turns are sent a think "
                           "time after the previous one ends, not by a closed loop; drop --concurrency")
-    check_pool_capacity(lowered, reqs.prompt, reqs.output, cfg.block_size)
+    check_pool_capacity(lowered, reqs.prompt, reqs.output, cfg.block_size,
+                        given_blocks=cfg.num_gpu_blocks is not None)
     try:
         from .engine.run import run_pools
     except ImportError:
@@ -268,14 +269,17 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     **options
         The fields of `SimConfig`, as the CLI's options: ``model``, ``hardware``, ``tp``, ``pp``,
         ``replicas``, ``engine``, ``workload``, ``isl``, ``osl``, ``rate``, ``num_requests``,
-        ``slo`` (a string such as ``"ttft_p99=500ms,tpot_p99=50ms"``), ``seed``, ``price``, ...
+        ``slo`` (a string such as ``"ttft_p99=500ms,tpot_p99=50ms"``), ``seed``, ``price``, ``pool``
+        (a tuple of pool specs, ``("h100-sxm:tp1:x2:prefill", "h100-sxm:tp1:x2:decode")``),
+        ``prefix_caching``, ``cpu_kv_gib``, ``kv_link``, ``layerwise_transfer``, ...
         An unknown keyword is a ConfigError naming the closest field.
 
     Returns
     -------
     Result
         ``summary`` (the dict ``servesim simulate --format json`` prints: latency percentiles with
-        confidence intervals, throughput, cost, utilisation, the saturation verdict, SLO attainment),
+        confidence intervals, throughput, cost, utilisation, the saturation verdict, SLO attainment;
+        with pools ``pools``, ``prefix_cache`` and ``kv_transfer_ms``),
         ``requests`` (one row per request), ``iterations`` (one row per engine step).
 
     Examples

@@ -268,10 +268,15 @@ def lower_pools(cfg, model, specs: list[PoolSpec], opts, *, hw_profile=None, eng
     return lowered, pools
 
 
-def check_pool_capacity(lowered: list[LoweredPool], prompt, output, block_size: int) -> None:
+def check_pool_capacity(lowered: list[LoweredPool], prompt, output, block_size: int,
+                        given_blocks: bool = False) -> None:
     """A disaggregated pool whose KV per replica cannot hold one request is an error naming it: a decode
     pool the longest prompt + output, a prefill pool the longest prompt. A mixed pool that cannot hold
-    even the shortest request would reject everything sent to it: an error too."""
+    even the shortest request would reject everything sent to it: an error too; with
+    ``--num-gpu-blocks`` (``given_blocks``) a mixed pool must hold the longest, as a single pool must.
+    InfeasibleError for blocks computed from memory (a sweep marks the point infeasible), ConfigError
+    for blocks the user gave."""
+    from .errors import InfeasibleError
     prompt = np.asarray(prompt, np.int64)
     output = np.asarray(output, np.int64)
     if prompt.size == 0:
@@ -283,11 +288,13 @@ def check_pool_capacity(lowered: list[LoweredPool], prompt, output, block_size: 
             need, what = int(np.max(prompt + output)), "the longest request (prompt + output)"
         elif s.role == "prefill":
             need, what = int(np.max(prompt)), "the longest prompt"
+        elif given_blocks:
+            need, what = int(np.max(prompt + output)), "the longest request (prompt + output)"
         else:
             need, what = int(np.min(prompt + output)), "even the shortest request (prompt + output)"
         blocks = -(-need // block_size)
         if blocks > holds:
-            raise ConfigError(
+            raise (ConfigError if given_blocks else InfeasibleError)(
                 f"--pool {s.text}: one replica holds {holds} KV blocks of {block_size} ({holds * block_size} tokens), "
                 f"fewer than {what}, {need} tokens = {blocks} blocks; use a larger tp, more memory per GPU or "
-                "shorter requests")
+                "shorter requests" + ("" if not given_blocks else f" (--num-gpu-blocks {lp.num_blocks})"))

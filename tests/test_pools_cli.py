@@ -9,7 +9,7 @@ import servesim.api as api
 from clihelp import one_line_error
 from servesim.checks import sim_config
 from servesim.engine import codes as C
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, InfeasibleError
 from servesim.pools import PoolSpec, check_pool_capacity, lower_pools, parse_pool, specs_of
 
 # llama-3.1-8b: 32 layers, 8 KV heads of dim 128, bf16 KV (its config.json): K and V of one token
@@ -171,14 +171,24 @@ def test_link_nvlink_within_a_domain_else_the_nic():
 def test_a_pool_too_small_for_one_request_is_named():
     lowered, _ = _lower("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode", num_gpu_blocks=10)
     output = np.array([20, 20])
-    check_pool_capacity(lowered, np.array([100, 140]), output, 16)   # 160 tokens = 10 blocks of 16: fits
+    check_pool_capacity(lowered, np.array([100, 140]), output, 16, given_blocks=True)   # 160 tokens = 10 blocks
     # 150 + 20 = 170 tokens need 11 blocks: the decode pool (10 blocks) cannot hold it; the prefill pool
     # needs only the prompt, 150 tokens = 10 blocks
     with pytest.raises(ConfigError, match=r"--pool h100-sxm:tp1:x1:decode: .*10 KV blocks .*170 tokens = 11 blocks"):
-        check_pool_capacity(lowered, np.array([100, 150]), output, 16)
+        check_pool_capacity(lowered, np.array([100, 150]), output, 16, given_blocks=True)
     # a 161-token prompt (11 blocks) does not fit the prefill pool: it is named first
     with pytest.raises(ConfigError, match=r"--pool h100-sxm:tp1:x1:prefill: .*the longest prompt, 161 tokens"):
-        check_pool_capacity(lowered, np.array([161]), np.array([1]), 16)
+        check_pool_capacity(lowered, np.array([161]), np.array([1]), 16, given_blocks=True)
+    # blocks from memory: infeasible (a sweep marks the point so); a mixed pool with --num-gpu-blocks must
+    # hold the longest request, without it the shortest
+    with pytest.raises(InfeasibleError, match="--pool h100-sxm:tp1:x1:decode"):
+        check_pool_capacity(lowered, np.array([100, 150]), output, 16)
+    mixed, _ = _lower("h100-sxm:tp1:x2", num_gpu_blocks=10)
+    check_pool_capacity(mixed, np.array([100, 150]), output, 16)
+    with pytest.raises(ConfigError, match=r"the longest request \(prompt \+ output\), 170 tokens"):
+        check_pool_capacity(mixed, np.array([100, 150]), output, 16, given_blocks=True)
+    with pytest.raises(InfeasibleError, match=r"even the shortest request \(prompt \+ output\), 170 tokens"):
+        check_pool_capacity(mixed, np.array([150]), np.array([20]), 16)
     one_line_error("simulate", "--pool", "h100-sxm:tp1:x1:prefill", "--pool", "h100-sxm:tp1:x1:decode",
                    "--num-gpu-blocks", "10", "--isl", "150", "--osl", "20", "--num-requests", "5",
                    must_contain=["--pool h100-sxm:tp1:x1:decode", "170 tokens = 11 blocks"])

@@ -236,6 +236,8 @@ def simulate(fmt, outdir, capacity, **kw):
       servesim simulate --model llama-3.1-70b --tp 4 --replicas 2 --rate 10 --format json
       servesim simulate --isl 1024 --osl 128 --offline --num-requests 1000 --engine trtllm
       servesim simulate --rate 4 --capacity
+      servesim simulate --pool h100-sxm:tp1:x2:prefill --pool h100-sxm:tp1:x2:decode --format json
+      servesim simulate --workload sessions --cpu-kv-gib 64 --router prefix-aware
     """
     from ..api import simulate as run
     from .options import sim_config
