@@ -214,3 +214,23 @@ def test_heterogeneous_pools_end_to_end():
     assert s["cost"]["usd_per_hour"] == pytest.approx(8 * 4.25 + 8 * 2.21)
     assert sum(p["num_requests"] for p in s["pools"]) == 300
     assert all(p["num_requests"] > 0 and 0 < p["utilisation"] <= 1 for p in s["pools"])
+
+
+def test_one_mixed_pool_is_the_single_pool_shorthand():
+    """`--pool h100-sxm:tp1:x2` lowers to the same replica, blocks and router as `--replicas 2`: every
+    summary figure is the same (with and without shared system prompts)."""
+    for kw in ({}, dict(num_system_prompts=4, system_prompt_len=512, users_per_system_prompt=8)):
+        a = api.simulate(num_requests=200, seed=1, replicas=2, **kw).summary
+        b = api.simulate(num_requests=200, seed=1, pool=("h100-sxm:tp1:x2",), **kw).summary
+        assert [k for k in a if k != "config" and a[k] != b[k]] == []
+        assert b["pools"][0]["num_requests"] == 200
+
+
+def test_prefix_hit_rate_on_shared_prompts_by_hand():
+    """300 requests of 1024 tokens at 2 req/s on one replica, 4 system prompts of 512 tokens: every
+    request but the first of each group hits its 512 tokens (32 full blocks of 16), so the hit rate is
+    (300 - 4) x 512 / (300 x 1024)."""
+    s = api.simulate(num_requests=300, seed=1, rate=2.0, isl=1024, osl=32, num_system_prompts=4,
+                     system_prompt_len=512, users_per_system_prompt=8, pool=("h100-sxm:tp1:x1",)).summary
+    assert s["prefix_cache"]["lookup_tokens"] == 300 * 1024
+    assert s["prefix_cache"]["hit_rate"] == pytest.approx((300 - 4) * 512 / (300 * 1024), abs=0.01)
