@@ -456,6 +456,56 @@ def test_kernel_agrees_pd_held_fifo(router, layerwise, replica_cost):
     assert np.isin(ref["xfer_start"], ref["finish"][ref["replica"] >= 2]).sum() >= 5
 
 
+@pytest.mark.parametrize("cpu_blocks", [0, 8])
+@pytest.mark.parametrize("policy", list(C.POLICIES))
+def test_kernel_agrees_pd_with_prefix_cache(policy, cpu_blocks, replica_cost):
+    """Prefill replicas (PP 2) cache shared prefixes and release them when the KV has moved."""
+    rc12, rc2 = replica_cost(1, 2), replica_cost(2, 1)
+    pools = pools_of([dict(role=C.PREFILL, count=2, pp=2, num_blocks=60, watermark_blocks=1, cpu_blocks=cpu_blocks),
+                      dict(role=C.DECODE, count=2, num_blocks=300, watermark_blocks=1, kv_gpus=2)], 5e9, 1e-5)
+    arrival, prompt, output = workload(120, 7, 100.0, 400, 30, min_output=2)
+    prompt = prompt + 60
+    chains = chains_of(group_lists(prompt, output, 9))
+    cfg = config(rc12, pools, scheduler=policy, router="prefix-aware", prefix_caching=1)
+    out, ref = both((rc12.params, rc2.params), cfg, pools, arrival, prompt, output, chains)
+    assert_agree(out, ref, [k for k in range(C.N_PREFIX) if not (cpu_blocks and k == C.GPU_EVICTIONS)])
+    assert ref["prefix"][C.HIT_GPU_TOKENS] > 0 and np.isfinite(ref["xfer_end"]).all()
+
+
+@pytest.mark.parametrize("policy", ["vllm", "static"])
+def test_kernel_agrees_pd_sessions(policy, replica_cost):
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL, count=2, num_blocks=80, watermark_blocks=1),
+                      dict(role=C.DECODE, count=2, num_blocks=300, watermark_blocks=1)], 5e9, 1e-5)
+    arrival, prompt, output, chains = session_chains(10, 3, 3)
+    cfg = config(rc, pools, scheduler=policy, router="prefix-aware", prefix_caching=1)._replace(frontend=0.001)
+    out, ref = both((rc.params,) * 2, cfg, pools, arrival, prompt, np.maximum(output, 2), chains)
+    assert_agree(out, ref)
+
+
+@pytest.mark.parametrize("policy", list(C.POLICIES))
+def test_kernel_agrees_closed_loop_two_pools(policy, replica_cost):
+    rc1, rc12 = replica_cost(), replica_cost(1, 2)
+    pools = pools_of([dict(count=2, num_blocks=60, watermark_blocks=1), dict(pp=2, num_blocks=90, weight=2.0)])
+    _, prompt, output = workload(60, 4, 50.0, 400, 40)
+    cfg = config(rc1, pools, scheduler=policy, router="least-kv", concurrency=5)._replace(frontend=0.003)
+    out, ref = both((rc1.params, rc12.params), cfg, pools, np.zeros(60), prompt, output, chains_of([[]] * 60))
+    assert_agree(out, ref)
+
+
+@pytest.mark.parametrize("max_time", [0.05, 0.2, 0.37])
+def test_kernel_agrees_pd_cut_off_mid_transfer(max_time, replica_cost):
+    """The clock stops with transfers on the link, past their bytes, and held."""
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL, num_blocks=80, watermark_blocks=1),
+                      dict(role=C.DECODE, count=2, num_blocks=45, watermark_blocks=1)], 1e9, 2e-3)
+    arrival, prompt, output = workload(60, 5, 150.0, 400, 30, min_output=2)
+    cfg = config(rc, pools, scheduler="static")._replace(max_time=max_time)
+    out, ref = both((rc.params,) * 2, cfg, pools, arrival, prompt, output, chains_of([[]] * 60))
+    assert_agree(out, ref)
+    assert (ref["status"] == C.TRANSFER).any()
+
+
 # ---------------------------------------------------------------- where the kernel departs from POOLS.md
 def test_kernel_rejects_one_token_prompts_no_decode_pool_holds(replica_cost):
     """POOLS.md: a prefill pool rejects a request when blocks_for(prompt + output) exceeds every decode
