@@ -241,7 +241,7 @@ def retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now):
             ctr[HELD_TAIL] = -1
 
 
-@njit(inline="always", **HANDLER)
+@njit(**HANDLER)
 def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
     """Transfer i moves its last byte (it then ends after the link's latency), or ends: the prefill
     replica frees its blocks, the first token comes out, decoding starts on the decode replica."""

@@ -92,7 +92,7 @@ def preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v):
     return swap_s
 
 
-@njit(inline="always", **HANDLER)
+@njit(**HANDLER)
 def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
     """When nothing runs, admit a whole batch reserving every prompt and output block; then run it.
     Returns (members, seconds of CPU-tier reloads)."""
