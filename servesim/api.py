@@ -171,9 +171,10 @@ def engine_options(cfg: SimConfig, window=None) -> EngineOptions:
 
 def _uses_pools(cfg: SimConfig, reqs) -> bool:
     """Run the pools kernel (`engine.run.run_pools`): pools given, or a feature only it has (a CPU tier,
-    the prefix-aware router, sessions, layer-wise transfers); else today's single-pool kernel."""
+    the prefix-aware router, sessions); else today's single-pool kernel (`--layerwise-transfer` and
+    `--kv-link` do nothing without prefill and decode pools: a warning)."""
     sessions = getattr(reqs, "next_turn", None)
-    return bool(cfg.pool) or cfg.cpu_kv_gib > 0 or cfg.router == "prefix-aware" or cfg.layerwise_transfer or \
+    return bool(cfg.pool) or cfg.cpu_kv_gib > 0 or cfg.router == "prefix-aware" or \
         (sessions is not None and bool(np.any(np.asarray(sessions) >= 0)))
 
 

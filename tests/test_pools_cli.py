@@ -9,7 +9,7 @@ import servesim.api as api
 from clihelp import one_line_error
 from servesim.checks import sim_config
 from servesim.engine import codes as C
-from servesim.errors import ConfigError, InfeasibleError
+from servesim.errors import ConfigError, InfeasibleError, ServesimWarning
 from servesim.pools import PoolSpec, check_pool_capacity, lower_pools, parse_pool, specs_of
 
 # llama-3.1-8b: 32 layers, 8 KV heads of dim 128, bf16 KV (its config.json): K and V of one token
@@ -74,10 +74,35 @@ def test_cpu_tier_needs_prefix_caching():
     one_line_error("simulate", "--kv-link", "pcie", must_contain=["--kv-link 'pcie' unknown", "nvlink"])
 
 
+def test_nvlink_forced_where_there_is_none():
+    one_line_error("simulate", "--pool", "l4:tp1:x1:prefill", "--pool", "l4:tp1:x1:decode", "--kv-link", "nvlink",
+                   "--num-requests", "5", must_contain=["--kv-link nvlink: l4 has no scale-up fabric"])
+
+
+def test_transfer_options_without_pd_warn():
+    with pytest.warns(ServesimWarning, match="--layerwise-transfer does nothing without prefill and decode pools"):
+        sim_config(None, layerwise_transfer=True)
+    with pytest.warns(ServesimWarning, match="--kv-link nic does nothing"):
+        sim_config(None, pool=("h100-sxm:tp1:x2",), kv_link="nic")
+
+
 def test_block_size_the_engine_does_not_take_with_prefix_caching():
     # vLLM docs: --block-size choices up to 32 on CUDA; 64 is refused with prefix caching on
     one_line_error("simulate", "--block-size", "64", "--num-requests", "10",
                    must_contain=["--block-size 64", "vllm", "8, 16, 32", "--no-prefix-caching"])
+
+
+def test_block_sizes_accepted():
+    from servesim.config.engine import load_engine
+    from servesim.pools import check_block_size
+    for engine, bs, caching in (("vllm", 8, True), ("vllm", 32, True), ("vllm", 64, False), ("sglang", 1, True),
+                                ("sglang", 48, True), ("trtllm", 64, True)):
+        cfg, *_ = api.resolve(sim_config(None, engine=engine, block_size=bs, prefix_caching=caching))
+        check_block_size(cfg, load_engine(engine))
+    for engine, bs in (("vllm", 1), ("vllm", 128), ("trtllm", 32)):
+        cfg, *_ = api.resolve(sim_config(None, engine=engine, block_size=bs))
+        with pytest.raises(ConfigError, match=f"--block-size {bs} is not supported by {engine}"):
+            check_block_size(cfg, load_engine(engine))
 
 
 def test_api_takes_a_tuple_or_plus_joined_text():
