@@ -115,6 +115,17 @@ def test_cli_disaggregated_json_and_text():
     assert "checks: seed 1 meets SLO: True" in t.stdout
 
 
+def test_engine_limits_reach_the_candidates():
+    # --max-num-seqs 8: the decode batch bound is 8 (an H100 holds far more 8B contexts), and every
+    # simulated candidate runs with it
+    res = servesim.plan(disaggregated=True, hardware="h100-sxm", tp=[1], model="llama-3.1-8b", rate=8, slo=SLO,
+                        num_requests=200, max_num_seqs=[8], workers=1)
+    b = res.best
+    assert b["decode"]["capacity_bound"]["batch_bound"] == 8
+    assert b["decode"]["capacity_bound"]["batch_limited_by"] == "max_num_seqs"
+    assert max(p["mean_batch_size"] for p in b["metrics"]["pools"]) <= 8
+
+
 def user_error(*args, must_contain=()):
     r = CliRunner().invoke(main, list(args))
     assert r.exit_code == 2, r.output

@@ -349,6 +349,8 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
     from .plan import PlanResult
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
+    # the engine limits are deployment-wide: one value each (prepare_plan refuses lists)
+    base = replace(base, max_num_seqs=spec.max_num_seqs[0], max_num_batched_tokens=spec.max_num_batched_tokens[0])
     slo = dict(base.slo.items())
     prompt, output = _lengths(base)
     layouts = list(_role_layouts(spec))
@@ -381,6 +383,10 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
                     c = _Cand(lp, ld, bp, bd, p, d)
                     if S.fits(c, p, d):
                         cands.append(c)
+    if spec.exhaustive:
+        from ..engine.budget import check_points
+        check_points(len(cands), "plan --disaggregated --exhaustive", "use fewer --hardware / --tp values or a smaller "
+                     "--max-gpus")
     cands.sort(key=lambda c: _cost_key(S, c))
     keys = {S.key(c, c.p, c.d, 0) for c in cands}
     width = max(2, getattr(backend, "workers", 1) or 1)
