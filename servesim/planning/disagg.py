@@ -393,8 +393,9 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
     best, ready, i = None, [], 0
     while i < len(cands) or ready:
         nxt = _cost_key(S, cands[i]) if i < len(cands) else None
-        ready.sort(key=lambda c: _cost_key(S, c))
-        if ready and (nxt is None or _cost_key(S, ready[0]) <= nxt):
+        ready.sort(key=lambda c: (_cost_key(S, c)[:2], -(c.row.get("headroom") or 0.0)))
+        # equal $/hour not yet simulated: simulate it first, the tie goes to the larger headroom
+        if ready and (nxt is None or _cost_key(S, ready[0])[0] < nxt[0] - 1e-9):
             best = ready.pop(0)
             break
         n = len(cands) - i if spec.exhaustive else width
