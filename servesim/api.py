@@ -139,18 +139,18 @@ def replica_of(cfg: SimConfig, model, hw, engine=None):
                          max_seqs=cfg.max_num_seqs, engine=engine)
 
 
-# options of pools, prefix caching and PD: shown in the config of a run only when they change what
-# today's single-pool engine does (so single-pool results keep their JSON)
-_POOL_OPTIONS = {"pool": (), "prefix_caching": True, "cpu_kv_gib": 0.0, "kv_link": "auto",
-                 "layerwise_transfer": False}
+# options of pools, prefix caching and PD: in the config of a single-pool run only when given (so
+# single-pool runs keep their JSON)
+_POOL_OPTIONS = ("pool", "prefix_caching", "cpu_kv_gib", "kv_link", "layerwise_transfer")
 
 
-def _plain_config(cfg: SimConfig, pools: bool) -> dict:
+def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
+    """The config block: every option as resolved (``given``: as the caller gave them)."""
     from .pools import PoolSpec, parse_pool
     config = plain(cfg)
     if not pools:
-        for name, today in _POOL_OPTIONS.items():
-            if config[name] == today:
+        for name in _POOL_OPTIONS:
+            if getattr(given, name) in (None, ()):
                 del config[name]
     else:   # the single-pool fields describe the deployment: its replicas, hardware, and TP/PP where one
         specs = [parse_pool(t) for t in cfg.pool] if cfg.pool else [PoolSpec(cfg.hardware, cfg.tp, cfg.pp, cfg.replicas)]
@@ -291,7 +291,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     ('stable', 200, 1.0)
     """
     from .checks import sim_config
-    cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
+    given = cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     from .pools import check_block_size, specs_of
     specs = specs_of(cfg)
@@ -346,7 +346,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     pools_part = {}
     if "pools" in config_extra:
         pools_part = _pools_part(cfg, out, df, config_extra.pop("pools"), summary)
-    config = _plain_config(cfg, pools_part != {})
+    config = _plain_config(cfg, given, pools_part != {})
     config.update(config_extra)
     config.update({"rate": rate, "duration": cfg.duration, "num_requests": int(reqs.arrival.size),
                    "arrival": arrival, "trace": trace})

@@ -262,7 +262,7 @@ def _pool_contradictions(cfg) -> None:
         if cfg.layerwise_transfer:
             warnings.warn("--layerwise-transfer does nothing without prefill and decode pools (--pool ...:prefill "
                           "--pool ...:decode)", ServesimWarning, stacklevel=4)
-        if cfg.kv_link != "auto":
+        if cfg.kv_link not in (None, "auto"):
             warnings.warn(f"--kv-link {cfg.kv_link} does nothing without prefill and decode pools (--pool ...:prefill "
                           "--pool ...:decode)", ServesimWarning, stacklevel=4)
 

@@ -141,13 +141,13 @@ class SimConfig:
     prefix_caching: bool | None = opt(None, "bool", preset="prefix_caching",
                                       help="Automatic prefix caching: full KV blocks of shared prefixes reused "
                                            "(--prefix-caching/--no-prefix-caching).")
-    cpu_kv_gib: float = opt(0.0, "float", ge=0.0,
+    cpu_kv_gib: float | None = opt(None, "float", ge=0.0, fill=0.0,
                             help="Host memory per replica for a CPU tier of the prefix cache, GiB (0: none); "
                                  "evicted blocks move there and are reloaded over PCIe.")
-    kv_link: str = opt("auto", "choice", choices=("auto", "nvlink", "nic"),
+    kv_link: str | None = opt(None, "choice", choices=("auto", "nvlink", "nic"), fill="auto",
                        help="Link of prefill-to-decode KV transfers; auto: NVLink when both pools share hardware "
                             "and fit one scale-up domain, else the NIC.")
-    layerwise_transfer: bool = opt(False, "bool",
+    layerwise_transfer: bool | None = opt(None, "bool", fill=False,
                                    help="Pipeline KV transfers layer by layer with the prefill (only the last "
                                         "layer's transfer exposed).")
     workload: str = opt("chat", "name", names=_workloads,

@@ -165,6 +165,9 @@ def test_single_pool_runs_keep_their_config_keys():
     assert "pools" not in res.summary and "prefix_cache" not in res.summary
     res = api.simulate(num_requests=20, rate=2.0, prefix_caching=False)
     assert res.summary["config"]["prefix_caching"] is False
+    # given, they are shown (a sweep's grid columns read them), at their value
+    c = api.simulate(num_requests=20, rate=2.0, prefix_caching=True, cpu_kv_gib=0.0, kv_link="auto").summary["config"]
+    assert (c["prefix_caching"], c["cpu_kv_gib"], c["kv_link"]) == (True, 0.0, "auto") and "pool" not in c
 
 
 # ------------------------------------------------------------------------------------------------
