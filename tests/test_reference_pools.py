@@ -591,3 +591,48 @@ def test_kernel_keeps_first_scheduled_time_static_pd(replica_cost):
     if not np.array_equal(out.scheduled, ref["scheduled"]):
         pytest.xfail("kernel: static re-admission on a decode replica overwrites `scheduled`")
     assert_agree(out, ref)
+
+
+# ---------------------------------------------------------------- POOLS.md deadlocks (kernel and reference agree)
+def _ends(rc, pools, arrival, prompt, output, **opts):
+    out, ref = both((rc.params,) * len(pools.role), config(rc, pools, **opts)._replace(max_time=1e4), pools,
+                    arrival, prompt, output, chains_of([[]] * len(prompt)))
+    assert_agree(out, ref)
+    return ref
+
+
+@pytest.mark.xfail(strict=True, reason="POOLS.md: a decode replica is chosen by blocks_for(prompt + 1) only; one "
+                   "whose pool cannot hold prompt + output never finishes the request (the arrival check "
+                   "only asks that *some* decode pool can)")
+def test_decode_replica_too_small_for_the_whole_request(replica_cost):
+    """Decode pool 1: 15 blocks, watermark 2; pool 2: 100 blocks. 200 + 43 tokens need 16 blocks: the
+    request is accepted (pool 2 holds it) but round-robin reserves 13 blocks on pool 1, where it
+    outgrows the cache, preempts itself and can never be readmitted."""
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL), dict(role=C.DECODE, num_blocks=15, watermark_blocks=2),
+                      dict(role=C.DECODE, num_blocks=100)])
+    ref = _ends(rc, pools, [0.0], [200], [43], router="round-robin", scheduler="orca")
+    assert ref["status"][0] == C.DONE
+
+
+@pytest.mark.xfail(strict=True, reason="POOLS.md: a transferred request queued on a full decode replica keeps its "
+                   "blocks behind a preempted head that needs them: nothing runs, nothing frees them")
+def test_queued_transfer_blocks_a_preempted_head(replica_cost):
+    """max_num_seqs 1, 16 decode blocks. R1 (150 tokens) reserves 10 and decodes; R2 (90 tokens)
+    reserves the other 6 and queues with them. R1 needs an 11th block at 160 tokens, preempts itself,
+    and needs 11 blocks to come back: 10 are free, R2 waits behind it."""
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL), dict(role=C.DECODE, num_blocks=16)])
+    ref = _ends(rc, pools, [0.0, 0.01], [150, 90], [40, 10], max_num_seqs=1)
+    np.testing.assert_array_equal(ref["status"], [C.DONE, C.DONE])
+
+
+@pytest.mark.xfail(strict=True, reason="POOLS.md: static batching reserves prompt + output blocks, also on a "
+                   "prefill replica, whose arrival check only asks for the prompt's")
+def test_static_prefill_reserves_more_than_the_arrival_check(replica_cost):
+    """Prefill pool of 20 blocks: a 300-token prompt (19 blocks) passes the arrival check; static
+    admission asks for blocks_for(300 + 30) = 21 and never gets them."""
+    rc = replica_cost()
+    pools = pools_of([dict(role=C.PREFILL, num_blocks=20), dict(role=C.DECODE)])
+    ref = _ends(rc, pools, [0.0], [300], [30], scheduler="static")
+    assert ref["status"][0] == C.DONE
