@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
@@ -636,3 +638,44 @@ def test_static_prefill_reserves_more_than_the_arrival_check(replica_cost):
     pools = pools_of([dict(role=C.PREFILL, num_blocks=20), dict(role=C.DECODE)])
     ref = _ends(rc, pools, [0.0], [300], [30], scheduler="static")
     assert ref["status"][0] == C.DONE
+
+
+# ---------------------------------------------------------------- random deployments of mixed pools
+@st.composite
+def mixed_deployments(draw):
+    bs = draw(st.sampled_from([1, 4, 16]))
+    pools = [dict(count=draw(st.integers(1, 2)), pp=draw(st.sampled_from([1, 2])),
+                  num_blocks=draw(st.integers(6, 60)) * 16 // bs, watermark_blocks=draw(st.integers(0, 2)),
+                  cpu_blocks=draw(st.sampled_from([0, 0, 4, 20])) * 16 // bs, weight=draw(st.sampled_from([1.0, 2.0, 3.0])))
+             for _ in range(draw(st.integers(1, 2)))]
+    opts = dict(scheduler=draw(st.sampled_from(list(C.POLICIES))), router=draw(st.sampled_from(list(C.ROUTERS))),
+                preemption=draw(st.sampled_from(list(C.PREEMPTION))), max_num_seqs=draw(st.integers(1, 12)),
+                max_num_batched_tokens=draw(st.integers(8, 600)), chunk_size=draw(st.integers(8, 300)), block_size=bs,
+                prefix_caching=draw(st.sampled_from([0, 1, 1])))
+    wl = dict(sessions=draw(st.booleans()), n=draw(st.integers(1, 60)), seed=draw(st.integers(0, 2**16)),
+              rate=draw(st.floats(5.0, 300.0)), max_prompt=draw(st.integers(2, 700)),
+              max_output=draw(st.integers(1, 60)), groups=draw(st.integers(1, 4)), blocks=draw(st.integers(1, 10)))
+    return pools, opts, wl
+
+
+@settings(max_examples=150, deadline=None)
+@given(mixed_deployments())
+def test_kernel_agrees_random_mixed_deployments(replica_cost, deployment):
+    """One or two mixed pools of any policy, router, pp, KV size and CPU tier, with shared prefixes or
+    multi-turn sessions: the kernel and the reference agree on every record, and the reference's
+    KV accounting holds after every event (it checks itself)."""
+    specs, opts, wl = deployment
+    pools = pools_of(specs)
+    ps = tuple(replica_cost(1, sp["pp"]).params for sp in specs)
+    if wl["sessions"]:
+        arrival, prompt, output, chains = session_chains(max(1, wl["n"] // 3), 3, wl["seed"])
+    else:
+        arrival, prompt, output = workload(wl["n"], wl["seed"], wl["rate"], wl["max_prompt"], wl["max_output"])
+        chains = chains_of(group_lists(prompt, output, wl["seed"], wl["groups"], wl["blocks"]))
+    cfg = config(replica_cost(), pools, **opts)._replace(max_time=1e4)
+    out, ref = both(ps, cfg, pools, arrival, prompt, output, chains, seed=wl["seed"])
+    # GPU_EVICTIONS with a CPU tier: see test_kernel_counts_gpu_evictions_as_spec
+    assert_agree(out, ref, [k for k in range(C.N_PREFIX) if k != C.GPU_EVICTIONS or not pools.cpu_blocks.any()])
+    assert np.isin(ref["status"], [C.DONE, C.REJECTED]).all()
+    event(f"prefix hits: {ref['prefix'][C.HIT_GPU_TOKENS] + ref['prefix'][C.HIT_CPU_TOKENS] > 0}")
+    event(f"preempted: {ref['total_preemptions'] > 0}")
