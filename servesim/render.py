@@ -100,10 +100,15 @@ def _verdict(s: dict) -> str:
 
 def summary_table(s: dict) -> str:
     c = s["config"]
+    if s.get("pools"):      # a deployment of pools: list them
+        where = ", ".join(f"{p['replicas']} x TP={p['tp']} PP={p['pp']} on {p['hardware']} ({p['role']})"
+                          for p in s["pools"])
+        head = f"servesim  {c['model']} on {c['num_gpus']} GPUs in {len(s['pools'])} pool(s): {where}, "
+    else:
+        head = (f"servesim  {c['model']} ({c['dtype']}) on {c['num_gpus']} x {c['hardware']}: {c['replicas']} "
+                f"replica(s) of TP={c['tp']} PP={c['pp']}, ")
     lines = [
-        f"servesim  {c['model']} ({c['dtype']}) on {c['num_gpus']} x {c['hardware']}: {c['replicas']} replica(s) "
-        f"of TP={c['tp']} PP={c['pp']}, "
-        f"engine {c['engine']}/{c['scheduler']}, {_workload(c)}",
+        head + f"engine {c['engine']}/{c['scheduler']}, {_workload(c)}",
         "load      " + _load(s, c) + f", seed {c['seed']}",
         f"status    {s['num_completed']} completed, {s['num_rejected']} rejected, "
         f"{_verdict(s)}, simulated {s['duration_s']:.1f} s, "
@@ -139,6 +144,18 @@ def summary_table(s: dict) -> str:
         f"cost        ${cost['usd_per_hour']:.2f}/h, ${_f(cost['usd_per_million_output_tokens'], '{:.3f}')} per M output tokens, "
         f"${_f(cost['usd_per_million_input_tokens'], '{:.3f}')} per M input tokens",
     ]
+    for p in s.get("pools") or ():
+        lines.append(f"pool        {p['name']}: busy {100 * p['busy_fraction']:.0f}%, batch "
+                     f"{p['mean_batch_size']:.1f} seqs, KV mean {100 * p['kv_utilisation']:.0f}% / max "
+                     f"{100 * p['kv_max']:.0f}%, ${p['usd_per_hour']:.2f}/h")
+    if s.get("kv_transfer_ms"):
+        x = s["kv_transfer_ms"]
+        lines.append(f"KV transfer p50 {_f(x.get('p50'))} ms, p99 {_f(x.get('p99'))} ms ({x.get('count')} transfers)")
+    if s.get("prefix_cache"):
+        pc = s["prefix_cache"]
+        lines.append(f"prefix cache hit rate {100 * pc['hit_rate']:.1f}% of prompt tokens "
+                     f"({pc['gpu_hits']} from GPU, {pc['cpu_hits']} from the CPU tier), evictions "
+                     f"{pc['evictions']['gpu']} GPU / {pc['evictions']['cpu']} CPU blocks")
     if s.get("capacity"):
         lines.append(_capacity_line(s["capacity"]))
     if s.get("slo"):

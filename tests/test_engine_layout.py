@@ -19,7 +19,7 @@ def _handlers(module):
 def test_every_handler_has_a_reference_method_of_the_same_name():
     names = _handlers(events) | _handlers(schedule)
     assert {"complete", "arrive", "route", "schedule", "launch", "static_batch", "continuous_batch",
-            "preempt", "prefix_hit"} <= names
+            "preempt", "cached", "transfer", "to_decode", "retry_held"} <= names
     reference = set(vars(sim.ReferenceSimulator)) | set(vars(sim))
     missing = {n for n in names - MECHANICS if n not in reference}
     assert not missing, f"handlers without a reference method of the same name: {sorted(missing)}"
