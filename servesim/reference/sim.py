@@ -223,6 +223,7 @@ class KVCache:
                 self.empty -= 1
                 continue
             bid, _ = self.gpu_lru.popitem(last=False)
+            self.gpu_evictions += 1             # a block leaves GPU memory (moved or dropped)
             if self.cpu_capacity > 0:
                 if len(self.cpu_lru) >= self.cpu_capacity:
                     old, _ = self.cpu_lru.popitem(last=False)
@@ -232,7 +233,6 @@ class KVCache:
                 self.cpu_lru[bid] = None
             else:
                 del self.entries[bid]
-                self.gpu_evictions += 1
 
     def give_back(self, n: int) -> None:
         """n private blocks become empty."""
