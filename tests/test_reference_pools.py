@@ -314,13 +314,14 @@ POOL_COLUMNS = [k for k in range(S.N_STATS) if k not in (S.STAT_ITERATIONS, S.ST
 
 
 def both(ps, cfg, pools, arrival, prompt, output, chains, seed=0):
-    from servesim.engine.kernel import simulate_pools_nb
+    from servesim.engine import kernel
+    simulate = getattr(kernel, "simulate_pools", kernel.simulate_pools_nb)   # (pads ps, where it exists)
     n = len(prompt)
     rng = np.random.default_rng(seed)
     u1, u2 = rng.random(n), rng.random(n)
     args = (tuple(ps), cfg, pools, np.ascontiguousarray(arrival, np.float64), np.ascontiguousarray(prompt, np.int64),
             np.ascontiguousarray(output, np.int64), u1, u2, chains)
-    return simulate_pools_nb(*args), reference_simulate_pools(*args)
+    return simulate(*args), reference_simulate_pools(*args)
 
 
 def assert_agree(out, ref, prefix_counters=range(C.N_PREFIX)):
