@@ -8,7 +8,7 @@ import pytest
 
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
-from servesim.engine.kernel import group_chains, no_chains, simulate_pools_nb
+from servesim.engine.kernel import group_chains, no_chains, simulate_pools
 from servesim.engine.run import EngineOptions, engine_config, router_draws
 from servesim.engine.state import Chains, Pools
 
@@ -47,7 +47,7 @@ def run(rc, cfg, pl, arrival, prompt, output, chains=None):
     n = len(prompt)
     u1, u2 = router_draws(n, 0)
     chains = no_chains(n) if chains is None else chains
-    return simulate_pools_nb(tuple(rc.params for _ in range(len(pl.role))), cfg, pl,
+    return simulate_pools(tuple(rc.params for _ in range(len(pl.role))), cfg, pl,
                              np.asarray(arrival, np.float64), ints(*prompt), ints(*output), u1, u2, chains)
 
 
@@ -86,7 +86,7 @@ def test_two_mixed_pools_price_each_replica_with_its_own_params(replica_cost):
     pl = pools([C.MIXED, C.MIXED], [1000, 1000])
     n = 2
     u1, u2 = router_draws(n, 0)
-    out = simulate_pools_nb((a.params, b.params), cfg, pl, floats(0.0, 0.0), ints(400, 400), ints(1, 1), u1, u2,
+    out = simulate_pools((a.params, b.params), cfg, pl, floats(0.0, 0.0), ints(400, 400), ints(1, 1), u1, u2,
                             no_chains(n))
     assert list(out.replica) == [0, 1]
     assert out.first_token[0] == prefill_latency(a, 400)

@@ -16,10 +16,10 @@ from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_
 from .jit import HANDLER
 from .nextevent import set_time_nb
 from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, take_nb
-from .schedule import continuous_batch_nb, drop_running_nb, push_back_nb, static_batch_nb
+from .schedule import continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
 from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
-    STAT_BUSY, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
+    STAT_BUSY, STAT_ITERATIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
 )
 
@@ -177,8 +177,11 @@ def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
 
 
 @njit(**HANDLER)
-def fits_nb(pools, rp, d, need):
-    return rp.free_blocks[d] - need >= pools.watermark_blocks[rp.pool[d]]
+def fits_nb(pools, rp, d, need, whole):
+    """Decode replica d can take a reservation of `need` blocks now, and its pool a request of `whole`."""
+    k = rp.pool[d]
+    wm = pools.watermark_blocks[k]
+    return whole <= pools.num_blocks[k] - wm and rp.free_blocks[d] - need >= wm
 
 
 @njit(**HANDLER)
@@ -187,6 +190,7 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_pref
     transfer of its KV cache, or hold it (with its blocks) until a decode replica has room.
     Returns whether the transfer started."""
     need = blocks_for_nb(rq.prompt[i] + 1, cfg.block_size)
+    whole = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
     lst = rp.decode
     d = pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, ctr[ROUTED_D], False)
     m = lst.shape[0]
@@ -197,7 +201,7 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_pref
     found = -1
     for jj in range(m):
         c = lst[(at + jj) % m]
-        if fits_nb(pools, rp, c, need):
+        if fits_nb(pools, rp, c, need, whole):
             found = c
             break
     if found < 0:
@@ -264,9 +268,9 @@ def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
         rq.status[i] = C.RUNNING
         rp.running[d, rp.n_running[d]] = i
         rp.n_running[d] += 1
-    else:
+    else:       # at the front: a preempted request must not wait behind the blocks it holds
         rq.status[i] = C.WAITING
-        push_back_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, d, i)
+        push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, d, i)
     wake_nb(pools, rp, d, max(rp.next_free[d], now))
 
 
@@ -388,6 +392,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
 
     kv_in_use = pools.num_blocks[pl] - rp.free_blocks[r]
     ctr[ITERATIONS] += 1
+    stats[pl, STAT_ITERATIONS] += 1
     stats[pl, STAT_BUSY] += interval
     stats[pl, STAT_SEQS_TIME] += nb * interval
     stats[pl, STAT_TOKENS_TIME] += (tp_tok + n_dec) * interval

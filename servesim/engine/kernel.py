@@ -62,7 +62,7 @@ def simulate_pools_nb(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
             else:
                 stats[j] += pool_stats[k, j]
     stats[STAT_ITERATIONS] = ctr[ITERATIONS]
-    stats[STAT_END_TIME] = pool_stats[0, STAT_END_TIME]
+    stats[STAT_END_TIME] = pool_stats[0, STAT_END_TIME]     # every row holds the run's end time
     return engine_output_nb(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
 
 
@@ -97,13 +97,30 @@ def no_chains(n):
                   np.zeros(n))
 
 
+MAX_POOLS = 8
+
+
+def padded(ps: tuple) -> tuple:
+    """The pools' CostParams padded (with the first pool's) to 4 or 8, so that the kernel compiles
+    once for up to 4 pools (its signature holds the tuple's length) instead of once per count."""
+    if not 1 <= len(ps) <= MAX_POOLS:
+        raise ValueError(f"{len(ps)} pools: the kernel takes 1 to {MAX_POOLS}")
+    size = 4 if len(ps) <= 4 else MAX_POOLS
+    return tuple(ps) + (ps[0],) * (size - len(ps))
+
+
+def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
+    """`simulate_pools_nb` with ``ps`` padded (`padded`)."""
+    return simulate_pools_nb(padded(tuple(ps)), cfg, pools, arrival, prompt, output, u1, u2, chains)
+
+
 def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit):
     """One pool (cfg's pp, blocks, watermark). ``group``: shared-prefix group of each request (-1:
     none); ``hit``: prompt tokens its group's prefix covers in whole blocks (below its prompt)."""
     shared = bool(np.any(np.asarray(group) >= 0))
     chains = group_chains(group, hit, cfg.block_size) if shared else no_chains(len(prompt))
     cfg = cfg._replace(prefix_caching=int(cfg.prefix_caching or shared))
-    return simulate_pools_nb((p,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2, chains)
+    return simulate_pools((p,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2, chains)
 
 
 @njit(**HANDLER)
@@ -159,4 +176,5 @@ def run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, p
     for r in range(cfg.replicas):
         if rp.n_in_flight[r] > 0:
             stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
-    stats[0, STAT_END_TIME] = now
+    for k in range(stats.shape[0]):
+        stats[k, STAT_END_TIME] = now

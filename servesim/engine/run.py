@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from . import codes as C
-from .kernel import EngineConfig, EngineOutput, simulate_nb, simulate_pools_nb
+from .kernel import EngineConfig, EngineOutput, simulate_nb, simulate_pools
 from .state import Chains, Pools
 
 
@@ -125,5 +125,5 @@ def run_pools(pool_costs: list, cfg: EngineConfig, pools: Pools, arrival, prompt
         arrival = np.full_like(arrival, cfg.frontend)
     u1, u2 = router_draws(prompt.shape[0], seed)
     ps = tuple(rc.params for rc in pool_costs)
-    out = simulate_pools_nb(ps, cfg, pools, arrival, prompt, output, u1, u2, chains)
+    out = simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains)
     return out._replace(arrival=out.arrival - cfg.frontend)

@@ -102,7 +102,8 @@ def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, 
         while rp.n_waiting[r] > 0 and rp.n_running[r] < B:
             i = rp.q_head[r]
             h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
-            need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) - h
+            tokens = rq.prompt[i] if pools.role[rp.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
+            need = blocks_for_nb(tokens, cfg.block_size) - h - rq.blocks[i]
             if need + g0 + c > rp.free_blocks[r]:
                 break
             pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
@@ -113,7 +114,8 @@ def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, 
             take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
             rq.blocks[i] += need
             rq.status[i] = C.RUNNING
-            rq.scheduled[i] = now
+            if math.isnan(rq.scheduled[i]):
+                rq.scheduled[i] = now
             rp.running[r, rp.n_running[r]] = i
             rp.n_running[r] += 1
     nb = 0
@@ -246,7 +248,7 @@ def continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, 
                 else:
                     c = budget
             need = blocks_for_nb(done + c, cfg.block_size) - held
-            if free_blocks[r] - (need + g0 + hc) < wm:
+            if need + g0 + hc > 0 and free_blocks[r] - (need + g0 + hc) < wm:
                 break
             pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
             if cfg.prefix_caching and computed[i] == 0:

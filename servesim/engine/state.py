@@ -240,10 +240,12 @@ class Log(NamedTuple):
 def new_requests(arrival, prompt, output, u1, u2, next_turn):
     n = prompt.shape[0]
     followup = np.zeros(n, np.bool_)
+    sent = arrival.copy()
     for i in range(n):
         if next_turn[i] >= 0:
             followup[next_turn[i]] = True
-    return Requests(prompt, output, u1, u2, arrival.copy(), np.full(n, np.nan), np.full(n, np.nan),
+            sent[next_turn[i]] = np.inf     # sent when the turn before ends
+    return Requests(prompt, output, u1, u2, sent, np.full(n, np.nan), np.full(n, np.nan),
                     np.full(n, np.nan), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
                     np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
                     np.zeros(n, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64), followup,
