@@ -19,6 +19,7 @@ from .options import SimConfig, default_rate, plain
 from .options import options as declared
 from .slo import Slo
 from .workload import build_requests, load_workload, with_shared_prefix
+from .workload.spec import with_sessions
 from .workload.arrivals import daily_window
 
 __all__ = ["Result", "SimConfig", "replica_of", "resolve", "simulate"]
@@ -79,6 +80,7 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
     hw = hw if hw is not None else load_hardware(filled.hardware)
     workload = with_shared_prefix(load_workload(filled.workload), filled.num_system_prompts,
                                   filled.users_per_system_prompt, filled.system_prompt_len)
+    workload = with_sessions(workload, filled.turns_per_session, filled.think_time)
     sp = workload.shared_prefix
     if sp is not None:
         filled = replace(filled, num_system_prompts=sp.num_system_prompts,
@@ -141,7 +143,8 @@ def replica_of(cfg: SimConfig, model, hw, engine=None):
 
 # options of pools, prefix caching and PD: in the config of a single-pool run only when given (so
 # single-pool runs keep their JSON)
-_POOL_OPTIONS = ("pool", "prefix_caching", "cpu_kv_gib", "kv_link", "layerwise_transfer")
+_POOL_OPTIONS = ("pool", "prefix_caching", "cpu_kv_gib", "kv_link", "layerwise_transfer", "turns_per_session",
+                 "think_time")
 
 
 def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:

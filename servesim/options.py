@@ -162,6 +162,12 @@ class SimConfig:
     question_len: int | None = opt(None, "int", ge=1,
                                    help="Fixed question tokens after the system prompt (default: the workload's "
                                         "prompt lengths).")
+    turns_per_session: int | None = opt(None, "int", ge=1,
+                                        help="Multi-turn sessions: N turns each, every turn resending the history "
+                                             "(default: the workload's [sessions], e.g. --workload sessions).")
+    think_time: float | None = opt(None, "duration", ge=0.0,
+                                   help="Sessions: mean think time between a turn's end and the next turn (e.g. "
+                                        "30s; exponential; default: the workload's).")
     rate: float | None = opt(None, "float", gt=0.0, grid=False, hint="; for every request at t = 0 use --offline",
                              help="Requests/s offered to the whole deployment (default: the workload's "
                                   "default_rate, whatever --replicas).")

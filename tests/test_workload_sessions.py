@@ -218,3 +218,14 @@ def test_bad_files_and_overrides(tmp_path):
         with_sessions(shared, turns_per_session=2)
     with pytest.raises(ConfigError, match="sessions with a shared prefix are not supported"):
         build_requests(replace(shared, sessions=Sessions(2, 1.0)), 10, seed=0)
+
+
+def test_session_options_turn_any_workload_into_sessions_that_hit_their_history():
+    import servesim
+    from servesim.errors import ConfigError
+    s = servesim.simulate(turns_per_session=3, think_time=5.0, num_requests=60, isl=None, seed=0).summary
+    assert s["config"]["turns_per_session"] == 3 and s["config"]["think_time"] == 5.0
+    # one replica: every later turn finds its history (full blocks of the previous prompt + answer)
+    assert s["prefix_cache"]["hit_rate"] > 0.3 and s["num_completed"] == 60
+    with pytest.raises(ConfigError, match="--turns-per-session"):
+        servesim.simulate(think_time=5.0, num_requests=10)
