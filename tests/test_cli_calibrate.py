@@ -110,6 +110,7 @@ def test_vllm_json_parsed():
     assert (df["engine"] == "vLLM").all() and (df["num_requests"] == 200).all()
 
 
+@pytest.mark.slow   # ~6-9 s: kept out of the default run for time (CI runs it)
 def test_vllm_json_fit_writes_the_engine_host_keys(tmp_path):
     # serving rows fit the engine's host keys into the engine profile, not the hardware profile
     out = tmp_path / "served.toml"
@@ -149,6 +150,7 @@ def test_update_profile_keeps_layout():
     assert update_profile(path, {"gemm_max": hw.efficiency.gemm_max}, "experiments/fit_costmodel.py") == path.read_text()
 
 
+@pytest.mark.slow   # ~6-9 s: kept out of the default run for time (CI runs it)
 def test_validate_quick_table_and_check(tmp_path):
     r = run("validate", "--quick", "--check", "-o", tmp_path / "v")
     assert r.exit_code == 0, r.output

@@ -249,6 +249,7 @@ def test_sigterm_to_a_sweep_kills_its_workers_marks_the_folder_and_resumes(tmp_p
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv"), pd.read_csv(tmp_path / "fresh" / "sweep.csv"))
 
 
+@pytest.mark.slow   # ~6-9 s: kept out of the default run for time (CI runs it)
 def test_sweep_saves_points_and_a_rerun_skips_identical_ones(tmp_path, monkeypatch):
     from servesim.planning import evaluate
     calls = []
