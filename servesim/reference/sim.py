@@ -30,7 +30,8 @@ Arrival. Requests arrive in index order, except a session's later turns (some re
 *entry* replica (mixed or prefill pools; see `route`: least-requests compares load / weight,
 least-kv free blocks as a fraction of the pool's, prefix-aware the longest cached prefix); a
 request that can never fit in the KV cache (more blocks than capacity minus the watermark; for a
-prefill pool its prompt there, or prompt + output in every decode pool) is rejected on the spot,
+prefill pool its prompt there, or, when it wants more than one token, prompt + output in every
+decode pool) is rejected on the spot,
 otherwise it joins the back of that replica's waiting queue. With `concurrency > 0` the run is
 closed-loop: the first `concurrency` requests are sent at their given times, and every request
 that ends (done or rejected) lets its client send the next request at that instant, which reaches
@@ -38,7 +39,8 @@ the engine `frontend` later (arrival times here are the engine's).
 
 Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in flight):
   static    when nothing runs, admit waiting requests FCFS while their whole prompt + output
-            reservation fits; the batch then runs (finished members keep padding it as decodes)
+            reservation fits (a prefill replica: the prompt only; blocks a request already holds
+            count towards it); the batch then runs (finished members keep padding it as decodes)
             until every member is done.
   vllm,     1) running requests not in flight, in admission order (vllm: decodes and partial
   sarathi,     prefills alike, as vLLM V1; the others: first the decodes, then the partial prefills),
@@ -51,7 +53,8 @@ Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in
                (whose requests become preemptable), since giving up its own blocks to requests
                in flight can livelock a pipeline (PP > 1) forever.
             2) unless something was preempted (or had to wait) in this step, admit waiting
-               requests FCFS while the blocks they need leave at least `watermark` blocks free;
+               requests FCFS while the blocks they need leave at least `watermark` blocks free
+               (an admission needing no new block at all is not held back by the watermark);
                vllm/sarathi chunk the head to the remaining budget, orca/vllm-v0 take whole
                prompts only (an empty batch takes a prompt longer than the budget whole).
             vllm-v0 is prefill-prioritised: if the head of the queue can be admitted, the step
@@ -73,12 +76,15 @@ A completion registers the request's newly full blocks of its chain (until one i
 
 Prefill/decode disaggregation. A request whose prompt completes on a prefill replica (and wants
 more than one token) leaves the running list with its blocks, reserves blocks_for(prompt + 1)
-blocks on a decode replica (routed as arrivals are; the first that fits in the router's order) or
-waits in the `held` FIFO (retried whenever a decode replica frees blocks), and moves its KV:
+blocks on a decode replica that fits (its pool holds blocks_for(prompt + output) within capacity
+minus the watermark, and the reservation leaves the watermark free now: the router's choice if it
+fits, else the next fitting one in decode-list order, wrapping) or waits in the `held` FIFO
+(retried from its head when a request finishes on a decode replica), and moves its KV:
 prompt * kv_bytes_total / min(kv_gpus) bytes over the prefill replica's egress, shared equally by
 its active transfers (layerwise: only what the prefill did not hide), then `link_alpha`. At the
 transfer's end the prefill blocks are freed, the first token is emitted and the request runs its
-decodes on the decode replica.
+decodes on the decode replica (a decode replica with `max_num_seqs` running queues it at the front
+of its waiting queue, with its blocks).
 
 Completion. Each member's chunk becomes computed; a member whose computed tokens reach
 prompt + generated emits one token (the first token, or an inter-token gap). A request that has
@@ -622,7 +628,8 @@ class ReferenceSimulator:
             self.start_transfer(req, dst)
 
     def retry_held(self):
-        """Blocks were freed on a decode replica: start the held transfers that now fit, in order."""
+        """A request finished on a decode replica: start the held transfers that now fit, from the
+        head of the FIFO, stopping at the first that does not."""
         while self.held:
             req = self.held[0]
             dst = self.route_decode(req)
@@ -632,17 +639,26 @@ class ReferenceSimulator:
             self.start_transfer(req, dst)
 
     def route_decode(self, req: Request):
-        """The decode replica for a request whose prompt is done: the router's choice if its
-        reservation fits there, else the first that fits in the router's order; None if none."""
-        need = blocks_for(req.prompt + 1, self.cfg.block_size)
-        for rep in self.pick(self.decode, req, self.routed_decode, decode=True):
-            if self.fits(rep, need):
+        """The decode replica for a request whose prompt is done: the router's choice if it fits,
+        else the next one that fits after it in the decode list (index order), wrapping -- for
+        every router; None if none fits."""
+        bs = self.cfg.block_size
+        need = blocks_for(req.prompt + 1, bs)
+        whole = blocks_for(req.prompt + req.output, bs)
+        choice = self.pick(self.decode, req, self.routed_decode, decode=True)
+        at = self.decode.index(choice)
+        R = len(self.decode)
+        for k in range(R):
+            rep = self.decode[(at + k) % R]
+            if self.fits(rep, need, whole):
                 self.routed_decode += 1
                 return rep
         return None
 
-    def fits(self, rep: Replica, need: int) -> bool:
-        return rep.kv.free - need >= self.watermark(rep)
+    def fits(self, rep: Replica, need: int, whole: int) -> bool:
+        """Its pool can hold the whole request, and the reservation leaves the watermark free now."""
+        wm = self.watermark(rep)
+        return whole <= self.pools.num_blocks[rep.pool] - wm and rep.kv.free - need >= wm
 
     def start_transfer(self, req: Request, dst: Replica):
         src = self.replicas[req.pf_replica]
@@ -720,8 +736,9 @@ class ReferenceSimulator:
             req.status = C.RUNNING
             dst.running.append(req)
         else:
+            # at the front: a preempted request must not wait there for the blocks this one holds
             req.status = C.WAITING
-            dst.waiting.append(req)
+            dst.waiting.appendleft(req)
         self.wake(dst, max(dst.next_free, self.now))
 
     # ------------------------------------------------------------------ arrival
@@ -747,41 +764,38 @@ class ReferenceSimulator:
         if rep.role == C.PREFILL:
             whole = blocks_for(req.prompt + req.output, bs)
             return (blocks_for(req.prompt, bs) > pl.num_blocks[k] - pl.watermark_blocks[k] or
+                    req.output > 1 and       # one token: done on the prefill replica
                     all(whole > pl.num_blocks[d] - pl.watermark_blocks[d] for d in self.decode_pools))
         return blocks_for(req.prompt + req.output, bs) > pl.num_blocks[k] - pl.watermark_blocks[k]
 
     def route(self, req: Request) -> Replica:
         """The entry replica (mixed or prefill pools) an arrival goes to."""
-        return self.pick(self.entry, req, self.routed)[0]
+        return self.pick(self.entry, req, self.routed)
 
-    def pick(self, reps: list, req: Request, routed: int, decode: bool = False) -> list:
-        """Replicas in the router's order of pick: its choice first; round-robin, random and
-        power-of-two then go on in index order, wrapping; least-* in the order of their key."""
+    def pick(self, reps: list, req: Request, routed: int, decode: bool = False) -> Replica:
+        """The router's choice among `reps` (decode: prefix-aware routes as least-requests)."""
         R = len(reps)
         router = self.cfg.router
         if R == 1:
-            return list(reps)
-        if router in (C.ROUND_ROBIN, C.RANDOM, C.POWER_OF_TWO):
-            if router == C.ROUND_ROBIN:
-                a = routed % R
-            elif router == C.RANDOM:
-                a = min(int(self.u1[req.index] * R), R - 1)
-            else:
-                # two distinct replicas from the pre-drawn uniforms; the less loaded wins, ties to the lower index
-                a = min(int(self.u1[req.index] * R), R - 1)
-                b = min(int(self.u2[req.index] * (R - 1)), R - 2)
-                if b >= a:
-                    b += 1
-                a = min((reps[a].load / self.weight(reps[a]), reps[a].index, a),
-                        (reps[b].load / self.weight(reps[b]), reps[b].index, b))[2]
-            return [reps[(a + k) % R] for k in range(R)]
+            return reps[0]
+        if router == C.ROUND_ROBIN:
+            return reps[routed % R]
+        if router == C.RANDOM:
+            return reps[min(int(self.u1[req.index] * R), R - 1)]
+        if router == C.POWER_OF_TWO:
+            # two distinct replicas from the pre-drawn uniforms; the less loaded wins, ties to the lower index
+            a = min(int(self.u1[req.index] * R), R - 1)
+            b = min(int(self.u2[req.index] * (R - 1)), R - 2)
+            if b >= a:
+                b += 1
+            return min((reps[a], reps[b]), key=lambda x: (x.load / self.weight(x), x.index))
         if router == C.LEAST_REQUESTS or (router == C.PREFIX_AWARE and decode):
-            return sorted(reps, key=lambda x: (x.load / self.weight(x), x.index))
+            return min(reps, key=lambda x: (x.load / self.weight(x), x.index))
         if router == C.LEAST_KV:
-            return sorted(reps, key=lambda x: (-(x.kv.free / self.pools.num_blocks[x.pool]),
-                                               x.load / self.weight(x), x.index))
+            return min(reps, key=lambda x: (-(x.kv.free / self.pools.num_blocks[x.pool]),
+                                            x.load / self.weight(x), x.index))
         if router == C.PREFIX_AWARE:
-            return sorted(reps, key=lambda x: (-self.cached_prefix(x, req), x.load / self.weight(x), x.index))
+            return min(reps, key=lambda x: (-self.cached_prefix(x, req), x.load / self.weight(x), x.index))
         raise ValueError(f"unknown router code {router}")
 
     # ------------------------------------------------------------------ scheduling
@@ -794,8 +808,6 @@ class ReferenceSimulator:
             self.continuous_batch(rep, step)
         if step.members:
             self.launch(rep, step)
-        if step.preempted and rep.role == C.DECODE:
-            self.retry_held()
 
     def admit(self, rep: Replica, head: Request, hit, step: "Step", private: int):
         """Move the head of the waiting queue to the running list with its prefix hit and `private`
@@ -818,7 +830,10 @@ class ReferenceSimulator:
                 head = rep.waiting[0]
                 hit = self.cached(rep, head)
                 h, g0, c = hit
-                private = blocks_for(head.prompt + head.output, cfg.block_size) - h
+                # the whole reservation (a prefill replica: the prompt only; the output is decoded
+                # elsewhere), less the prefix hit and the blocks it holds (a transferred request)
+                tokens = head.prompt if rep.role == C.PREFILL else head.prompt + head.output
+                private = blocks_for(tokens, cfg.block_size) - h - head.blocks
                 if g0 + c + private > rep.kv.free:
                     break
                 self.admit(rep, head, hit, step, private)
@@ -840,7 +855,7 @@ class ReferenceSimulator:
                 h, g0, c = self.cached(rep, head)
                 base = head.computed + h * bs
                 need = g0 + c + blocks_for(base + head.pending - h * bs, bs) - head.blocks - h
-                can_admit = rep.kv.free - need >= wm
+                can_admit = need == 0 or rep.kv.free - need >= wm
             decode_only = not can_admit
         if pol != C.VLLM_V0 or decode_only:
             ready = [q for q in rep.running if not q.in_flight]
@@ -887,8 +902,9 @@ class ReferenceSimulator:
                 else:
                     chunk = step.budget
             private = blocks_for(head.computed + h * bs + chunk, bs) - head.blocks - h
-            if rep.kv.free - (g0 + c + private) < wm:
-                break
+            needed = g0 + c + private
+            if needed > 0 and rep.kv.free - needed < wm:
+                break               # (an admission needing no new block is not held back)
             self.admit(rep, head, hit, step, private)
             step.add(head, chunk)
 
