@@ -585,12 +585,7 @@ def test_kernel_session_turn_never_sent_has_no_arrival(replica_cost):
     assert_agree(out, ref)
 
 
-V0_NO_WATERMARK = pytest.mark.xfail(strict=True, reason="kernel: vllm-v0's prefill-step check (schedule.py, "
-                                    "`free_blocks - need >= wm` -> decode_only) holds back an admission needing no "
-                                    "new block by the watermark; POOLS.md: it is not held back (the reference admits)")
-
-
-@pytest.mark.parametrize("policy", [pytest.param("vllm-v0", marks=V0_NO_WATERMARK), "vllm", "sarathi", "orca"])
+@pytest.mark.parametrize("policy", ["vllm-v0", "vllm", "sarathi", "orca"])
 def test_transferred_request_needing_no_block_skips_the_watermark(policy, replica_cost):
     """Decode replica: 22 blocks, watermark 6, max_num_seqs 2. R0 (160 + 90: 11 blocks reserved) and
     R1 (8 + 40: 1 block) run; R2 (48 + 2) reserves 4 (22 - 12 - 4 = 6 >= 6) and, the replica being
@@ -628,14 +623,11 @@ def test_decode_replica_too_small_for_the_whole_request(replica_cost):
     assert ref["status"][0] == C.DONE and ref["replica"][0] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="POOLS.md as amended still deadlocks (kernel and reference agree): a "
-                   "transferred request queued at the front of a full decode replica keeps its blocks, but a "
-                   "request preempted *after* it goes to the front too, ahead of it, needing those blocks")
 def test_queued_transfer_blocks_a_preempted_head(replica_cost):
     """max_num_seqs 1, 16 decode blocks. R1 (150 tokens) reserves 10 and decodes; R2 (90 tokens)
     reserves the other 6 and queues with them at the front. R1 needs an 11th block at 160 tokens,
-    preempts itself (recompute) and goes to the front, ahead of R2: it needs 11 blocks to come back,
-    10 are free, R2 (which needs none, and could run: nothing runs) waits behind it forever."""
+    preempts itself (recompute) and goes to the front but behind R2 (POOLS.md): R2 needs no block and
+    runs; when it ends, R1 gets the blocks it needs. (Ahead of R2 it would wait forever.)"""
     rc = replica_cost()
     pools = pools_of([dict(role=C.PREFILL), dict(role=C.DECODE, num_blocks=16)])
     ref = _ends(rc, pools, [0.0, 0.01], [150, 90], [40, 10], max_num_seqs=1)
@@ -700,8 +692,7 @@ def pd_deployments(draw):
     specs += [dict(role=C.DECODE, count=draw(st.integers(1, 3)), num_blocks=draw(st.integers(10, 60)) * 16 // bs,
                    watermark_blocks=draw(st.integers(0, 5)), weight=draw(st.sampled_from([1.0, 2.0])))
               for _ in range(draw(st.integers(1, 2)))]
-    # (vllm-v0 left out until the kernel's prefill-step check follows POOLS.md: V0_NO_WATERMARK)
-    opts = dict(scheduler=draw(st.sampled_from([p for p in C.POLICIES if p != "vllm-v0"])),
+    opts = dict(scheduler=draw(st.sampled_from(list(C.POLICIES))),
                 router=draw(st.sampled_from(list(C.ROUTERS))), preemption=draw(st.sampled_from(list(C.PREEMPTION))),
                 max_num_seqs=draw(st.integers(1, 8)), max_num_batched_tokens=draw(st.integers(16, 600)),
                 chunk_size=draw(st.integers(16, 300)), block_size=bs, prefix_caching=draw(st.sampled_from([0, 1])),

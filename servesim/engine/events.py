@@ -19,7 +19,7 @@ from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, ta
 from .schedule import continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
 from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
-    STAT_BUSY, STAT_ITERATIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
+    STAT_BUSY, STAT_ITERATIONS, STAT_PREEMPTIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
 )
 
@@ -311,13 +311,18 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 def schedule_nb(ps, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now):
     """A scheduling decision on replica r: form one micro-batch and launch it."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
-    p = ps[rp.pool[r]]
+    pl = rp.pool[r]
+    p = ps[pl]
+    before = stats[pl, STAT_PREEMPTIONS]
     if cfg.policy == C.STATIC:
         nb, swap_s = static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
         nb, swap_s = continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now)
     if nb > 0:
         launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
+    elif stats[pl, STAT_PREEMPTIONS] > before:
+        # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
+        wake_nb(pools, rp, r, now)
 
 
 @njit(inline="always", **HANDLER)

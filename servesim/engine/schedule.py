@@ -88,7 +88,21 @@ def preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v):
     rq.preemptions[v] += 1
     stats[rp.pool[r], STAT_PREEMPTIONS] += 1
     drop_running_nb(rp.running, rp.n_running, r, v)
-    push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, v)
+    # to the front, but behind transferred requests queued there with their blocks (decode
+    # replicas): they need no block, and the victim may need theirs
+    a = -1
+    j = rp.q_head[r]
+    while j >= 0 and rq.blocks[j] > 0:
+        a = j
+        j = rq.q_next[j]
+    if a < 0:
+        push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, v)
+    else:
+        rq.q_next[v] = rq.q_next[a]
+        rq.q_next[a] = v
+        if rp.q_tail[r] == a:
+            rp.q_tail[r] = v
+        rp.n_waiting[r] += 1
     return swap_s
 
 
@@ -154,7 +168,7 @@ def continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, 
             done = rq.computed[i] if h == 0 else h * cfg.block_size
             pend = rq.prompt[i] + rq.generated[i] - done
             need = blocks_for_nb(done + pend, cfg.block_size) - (rq.blocks[i] if h == 0 else h) + g0 + c
-            if rp.free_blocks[r] - need >= wm:
+            if need == 0 or rp.free_blocks[r] - need >= wm:
                 decode_only = False
     # 1) running requests (not for a V0 prefill step): vllm walks them in admission order,
     #    decodes and partial prefills alike (V1); the others take decodes first

@@ -808,6 +808,10 @@ class ReferenceSimulator:
             self.continuous_batch(rep, step)
         if step.members:
             self.launch(rep, step)
+        elif step.preempted:
+            # a step that preempted and launched nothing decides again at once (POOLS.md): the
+            # requests it freed blocks for may be admitted now
+            self.wake(rep, self.now)
 
     def admit(self, rep: Replica, head: Request, hit, step: "Step", private: int):
         """Move the head of the waiting queue to the running list with its prefix hit and `private`
@@ -928,7 +932,11 @@ class ReferenceSimulator:
         self.add_stat(rep, S.STAT_PREEMPTIONS, 1)
         step.preempted = True
         rep.running.remove(victim)
-        rep.waiting.appendleft(victim)
+        # to the front, behind transferred requests queued there with their blocks (POOLS.md)
+        k = 0
+        while k < len(rep.waiting) and rep.waiting[k].blocks > 0:
+            k += 1
+        rep.waiting.insert(k, victim)
 
     # ------------------------------------------------------------------ pricing and launch
     def launch(self, rep: Replica, step: "Step"):
