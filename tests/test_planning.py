@@ -94,7 +94,7 @@ def test_local_pool_matches_serial():
     pd.testing.assert_frame_equal(serial, pooled)
 
 
-@pytest.mark.parametrize("processes", [False, True])
+@pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)])   # processes: ~5 s
 def test_dask_backend_matches_local(processes):
     distributed = pytest.importorskip("dask.distributed")
     g = G.parse_grid(["tp=1,2"])

@@ -52,6 +52,7 @@ def _capacity_rps(row) -> float:
     return simulate(cfg).summary["throughput"]["requests_per_s"]
 
 
+@pytest.mark.slow   # ~5 s (26 simulations): kept out of the default run for time (CI runs it)
 def test_saturation_verdict_at_the_edge_of_capacity(deps):
     """At 80% of the simulated capacity every workload is stable; at 120% it is saturated."""
     for row in deps.itertuples(index=False):
