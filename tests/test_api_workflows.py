@@ -35,6 +35,7 @@ def one_line(excinfo, *words):
 
 
 # ---------------------------------------------------------------- the CLI prints the API's result
+@pytest.mark.slow   # ~2-3 s: kept out of the default run for time (CI runs it)
 def test_sweep_same_as_cli_json_and_csv(tmp_path):
     res = servesim.sweep([2, 8], grid={"tp": [1, 2]}, slo=SLO, price={"h100-sxm": 2.0}, workers=1, **SMALL)
     out = cli("sweep", "--rates", "2,8", "--grid", "tp=1,2", "--slo", SLO, "--price", "h100-sxm=2.0", *SMALL_CLI,
@@ -99,6 +100,7 @@ def test_train_same_as_cli(api, args):
         assert res.table.gpus.tolist() == [8, 16]
 
 
+@pytest.mark.slow   # ~2-3 s: kept out of the default run for time (CI runs it)
 def test_compare_same_as_cli():
     res = servesim.compare(gpus=64, global_batch=128, train_tokens=1e12, rate=2, num_requests=100)
     assert cli("compare", "--gpus", "64", "--global-batch", "128", "--train-tokens", "1e12", "--rate", "2",

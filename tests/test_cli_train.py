@@ -71,6 +71,7 @@ def test_train_scaling_writes_figure(tmp_path):
     assert (tmp_path / "scaling.csv").is_file()
 
 
+@pytest.mark.slow   # ~2-3 s: kept out of the default run for time (CI runs it)
 def test_compare_json(tmp_path):
     r = run("compare", "--model", "llama-3.1-8b", "--hardware", "h100-sxm,a100-sxm-80gb", "--gpus", "64",
             "--global-batch", "128", "--train-tokens", "1e12", "--rate", "2", "--num-requests", "100",

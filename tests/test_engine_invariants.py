@@ -48,7 +48,7 @@ def scenarios(draw):
     return opts, scen
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(scenarios())
 def test_conservation_and_ordering(replica_cost, small_engine, small_workload, run_both, scenario):
     opts, sc = scenario

@@ -130,6 +130,7 @@ def test_md_table_cells_cannot_break_the_table():
     assert "<b>" not in t
 
 
+@pytest.mark.slow   # ~2-3 s: kept out of the default run for time (CI runs it)
 def test_report_escapes_a_user_workload_description(tmp_path):
     folder = tmp_path / "wl"
     nasty = "<img src=x onerror=alert(1)> [click](http://evil.example) | **loud**"
