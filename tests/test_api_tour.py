@@ -2,9 +2,12 @@
 import runpy
 from pathlib import Path
 
+import pytest
+
 TOUR = Path(__file__).resolve().parent.parent / "experiments" / "api_tour.py"
 
 
+@pytest.mark.slow   # ~6 s of simulations, the first of which pays the kernel's cold compile in a fresh clone
 def test_api_tour_runs(capsys):
     ns = runpy.run_path(str(TOUR), run_name="__main__")
     out = capsys.readouterr().out
