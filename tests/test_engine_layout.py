@@ -7,7 +7,7 @@ from servesim.engine import events, schedule
 from servesim.reference import sim
 
 # kernel-only mechanics with no reference counterpart: the reference uses a deque and a list
-MECHANICS = {"drop_running", "push_back", "push_front", "pop_front", "log_iteration"}
+MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_front", "log_iteration"}
 
 
 def _handlers(module):

@@ -126,11 +126,18 @@ def start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now):
     rq.xfer_left[i] = nbytes
     rq.xfer_t[i] = now
     if nbytes <= 0.0:       # nothing to move: only the latency
-        rp.n_xfer[src] -= 1
-        bw, alpha = link_nb(pools, rp, rq, i)
-        rq.xfer_ev[i] = now + alpha
-        rq.xfer_end[i] = rq.xfer_ev[i]
+        leave_link_nb(pools, rq, rp, i, src, now)
     reprice_nb(pools, rq, rp, flow, ctr, src, now)
+
+
+@njit(**HANDLER)
+def leave_link_nb(pools, rq, rp, i, src, now):
+    """Transfer i has no byte left: it leaves src's link and ends after the link's latency."""
+    rq.xfer_left[i] = 0.0
+    rp.n_xfer[src] -= 1
+    bw, alpha = link_nb(pools, rp, rq, i)
+    rq.xfer_ev[i] = now + alpha
+    rq.xfer_end[i] = rq.xfer_ev[i]
 
 
 @njit(**HANDLER)
@@ -138,11 +145,7 @@ def bytes_done_nb(pools, rq, rp, flow, ctr, i, now):
     """Transfer i has moved its last byte: it leaves the link; it ends after the link's latency."""
     src = rq.pf_replica[i]
     advance_nb(pools, rq, rp, flow, ctr, src, now)
-    rq.xfer_left[i] = 0.0
-    rp.n_xfer[src] -= 1
-    bw, alpha = link_nb(pools, rp, rq, i)
-    rq.xfer_ev[i] = now + alpha
-    rq.xfer_end[i] = rq.xfer_ev[i]
+    leave_link_nb(pools, rq, rp, i, src, now)
     reprice_nb(pools, rq, rp, flow, ctr, src, now)
 
 

@@ -54,15 +54,13 @@ def simulate_pools_nb(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
     run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr, pool_stats, prefix,
            gap_hist)
     stats = np.zeros(N_STATS)
-    for k in range(P):
+    for k in range(P):      # the pools summed in order; the largest KV in use, the run's end time
         for j in range(N_STATS):
-            if j == STAT_KV_MAX:
+            if j == STAT_KV_MAX or j == STAT_END_TIME:
                 if pool_stats[k, j] > stats[j]:
                     stats[j] = pool_stats[k, j]
             else:
                 stats[j] += pool_stats[k, j]
-    stats[STAT_ITERATIONS] = ctr[ITERATIONS]
-    stats[STAT_END_TIME] = pool_stats[0, STAT_END_TIME]     # every row holds the run's end time
     return engine_output_nb(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
 
 

@@ -94,6 +94,18 @@ def prefix_arrays(n: int, block_size: int, prompt, prefix_group=None, prefix_len
     return group, np.ascontiguousarray(hit)
 
 
+def kernel_inputs(cfg: EngineConfig, arrival, prompt, output, seed: int):
+    """The kernel's request arrays: arrivals at the engine (``cfg.frontend`` after the send; a closed
+    loop's first requests at once), lengths as int64, and the router draws."""
+    arrival = np.ascontiguousarray(arrival, dtype=np.float64) + cfg.frontend
+    prompt = np.ascontiguousarray(prompt, dtype=np.int64)
+    output = np.ascontiguousarray(output, dtype=np.int64)
+    if cfg.concurrency > 0:
+        arrival = np.full_like(arrival, cfg.frontend)
+    u1, u2 = router_draws(prompt.shape[0], seed)
+    return arrival, prompt, output, u1, u2
+
+
 def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int,
                prefix_group=None, prefix_len=None) -> EngineOutput:
     """Run the kernel; ``prefix_group`` / ``prefix_len`` (from the workload) drive its prefix cache.
@@ -101,12 +113,7 @@ def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: i
     ``arrival`` are the clients' send times; the engine receives each request ``cfg.frontend`` later
     (the serving frontend: HTTP, tokenisation, the hop to the engine process, and the return of the
     first token), so the records' arrival is the send time and TTFT and E2E include it."""
-    arrival = np.ascontiguousarray(arrival, dtype=np.float64) + cfg.frontend
-    prompt = np.ascontiguousarray(prompt, dtype=np.int64)
-    output = np.ascontiguousarray(output, dtype=np.int64)
-    if cfg.concurrency > 0:
-        arrival = np.full_like(arrival, cfg.frontend)
-    u1, u2 = router_draws(prompt.shape[0], seed)
+    arrival, prompt, output, u1, u2 = kernel_inputs(cfg, arrival, prompt, output, seed)
     group, hit = prefix_arrays(prompt.shape[0], cfg.block_size, prompt, prefix_group, prefix_len)
     out = simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit)
     return out._replace(arrival=out.arrival - cfg.frontend)
@@ -118,12 +125,7 @@ def run_pools(pool_costs: list, cfg: EngineConfig, pools: Pools, arrival, prompt
     replica; ``cfg`` the deployment's EngineConfig (``replicas``: all pools', ``pp``: the deepest);
     the frontend offset and router draws as `run_engine`. Session turns (``chains.next_turn``) are
     sent when their previous turn ends; their ``arrival`` is ignored."""
-    arrival = np.ascontiguousarray(arrival, dtype=np.float64) + cfg.frontend
-    prompt = np.ascontiguousarray(prompt, dtype=np.int64)
-    output = np.ascontiguousarray(output, dtype=np.int64)
-    if cfg.concurrency > 0:
-        arrival = np.full_like(arrival, cfg.frontend)
-    u1, u2 = router_draws(prompt.shape[0], seed)
+    arrival, prompt, output, u1, u2 = kernel_inputs(cfg, arrival, prompt, output, seed)
     ps = tuple(rc.params for rc in pool_costs)
     out = simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains)
     return out._replace(arrival=out.arrival - cfg.frontend)

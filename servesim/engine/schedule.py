@@ -49,6 +49,15 @@ def push_front_nb(q_next, q_head, q_tail, n_waiting, r, i):
 
 
 @njit(**HANDLER)
+def insert_after_nb(q_next, q_tail, n_waiting, r, a, i):
+    q_next[i] = q_next[a]
+    q_next[a] = i
+    if q_tail[r] == a:
+        q_tail[r] = i
+    n_waiting[r] += 1
+
+
+@njit(**HANDLER)
 def pop_front_nb(q_next, q_head, q_tail, n_waiting, r):
     i = q_head[r]
     q_head[r] = q_next[i]
@@ -98,11 +107,7 @@ def preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v):
     if a < 0:
         push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, v)
     else:
-        rq.q_next[v] = rq.q_next[a]
-        rq.q_next[a] = v
-        if rp.q_tail[r] == a:
-            rp.q_tail[r] = v
-        rp.n_waiting[r] += 1
+        insert_after_nb(rq.q_next, rp.q_tail, rp.n_waiting, r, a, v)
     return swap_s
 
 
