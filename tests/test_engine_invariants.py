@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import servesim
 from servesim.engine import codes as C
 from servesim.engine import kernel as K
-from servesim.reference.sim import KVAccountingError, KVBlockPool
+from servesim.reference.sim import KVAccountingError, KVCache
 
 FIELDS = ("arrival", "scheduled", "first_token", "finish", "preemptions", "replica", "status", "max_gap")
 
@@ -97,7 +97,7 @@ def test_conservation_and_ordering(replica_cost, small_engine, small_workload, r
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 50), st.lists(st.tuples(st.booleans(), st.integers(-3, 60)), max_size=60))
 def test_kv_pool_never_negative_or_over(capacity, ops):
-    pool = KVBlockPool(capacity)
+    pool = KVCache(capacity)       # without prefix-cache entries: a plain block pool
     held = 0
     for take, n in ops:
         ok = 0 <= n <= (capacity - held if take else held)

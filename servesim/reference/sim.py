@@ -168,28 +168,6 @@ class Request:
         return self.generated > 0 and self.pending == 1
 
 
-class KVBlockPool:
-    """Paged KV blocks without a prefix cache; refuses to go negative or above capacity."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.free = capacity
-
-    @property
-    def in_use(self) -> int:
-        return self.capacity - self.free
-
-    def take(self, n: int) -> None:
-        if n < 0 or n > self.free:
-            raise KVAccountingError(f"take {n} blocks with {self.free} of {self.capacity} free")
-        self.free -= n
-
-    def give_back(self, n: int) -> None:
-        if n < 0 or self.free + n > self.capacity:
-            raise KVAccountingError(f"give back {n} blocks with {self.free} of {self.capacity} free")
-        self.free += n
-
-
 @dataclass(eq=False)
 class Entry:
     tier: int                  # GPU or CPU
