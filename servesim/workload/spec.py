@@ -86,7 +86,7 @@ _TOP_KEYS = {"name": True, "description": True, "source": True, "default_rate": 
              "prompt": True, "output": True, "shared_prefix": False,
              "sessions": False}  # key -> required
 _SHARED_KEYS = {"num_system_prompts": True, "users_per_system_prompt": False, "system_prompt_len": True}
-_SESSION_KEYS = ("turns_per_session", "think_time_s")  # both required in [sessions]
+_SESSION_KEYS = {"turns_per_session": True, "think_time_s": True}  # both required in [sessions]
 _SESSION_OPTIONS = {"turns_per_session": "--turns-per-session", "think_time_s": "--think-time"}
 _SHARED_OPTIONS = {"num_system_prompts": "--num-system-prompts", "users_per_system_prompt": "--users-per-system-prompt",
                    "system_prompt_len": "--system-prompt-len"}
@@ -191,17 +191,21 @@ def _from_toml(p: Path) -> WorkloadSpec:
                         shared_prefix=shared, sessions=sessions)
 
 
-def _sessions_table(table, where) -> Sessions:
+def _table_keys(table, name: str, keys: dict, where) -> None:
+    """A workload file's [name] is a table with only the `keys` (name -> required) and the required ones."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{where(None, 'sessions')}: sessions must be a table ([sessions])")
+        raise ConfigError(f"{where(None, name)}: {name} must be a table ([{name}])")
     for key in table:
-        if key not in _SESSION_KEYS:
-            raise ConfigError(f"{where('sessions', key)}: [sessions] unknown key {key!r}; "
-                              f"allowed: {', '.join(_SESSION_KEYS)}")
-    for key in _SESSION_KEYS:
-        if key not in table:
-            raise ConfigError(f"{where('sessions', 'sessions')}: [sessions] missing key {key!r}; "
-                              f"it needs {', '.join(_SESSION_KEYS)}")
+        if key not in keys:
+            raise ConfigError(f"{where(name, key)}: [{name}] unknown key {key!r}; allowed: {', '.join(keys)}")
+    for key, required in keys.items():
+        if required and key not in table:
+            raise ConfigError(f"{where(name, name)}: [{name}] missing key {key!r}; "
+                              f"it needs {', '.join(k for k, r in keys.items() if r)}")
+
+
+def _sessions_table(table, where) -> Sessions:
+    _table_keys(table, "sessions", _SESSION_KEYS, where)
     turns, think = table["turns_per_session"], table["think_time_s"]
     if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
         raise ConfigError(f"{where('sessions', 'turns_per_session')}: [sessions] turns_per_session = {turns!r}; "
@@ -244,16 +248,7 @@ def with_sessions(spec: WorkloadSpec, turns_per_session=None, think_time_s=None)
 
 
 def _shared_prefix_table(table, where) -> SharedPrefix:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where(None, 'shared_prefix')}: shared_prefix must be a table ([shared_prefix])")
-    for key in table:
-        if key not in _SHARED_KEYS:
-            raise ConfigError(f"{where('shared_prefix', key)}: [shared_prefix] unknown key {key!r}; "
-                              f"allowed: {', '.join(_SHARED_KEYS)}")
-    for key, required in _SHARED_KEYS.items():
-        if required and key not in table:
-            raise ConfigError(f"{where('shared_prefix', 'shared_prefix')}: [shared_prefix] missing key {key!r}; "
-                              f"it needs {', '.join(k for k, r in _SHARED_KEYS.items() if r)}")
+    _table_keys(table, "shared_prefix", _SHARED_KEYS, where)
     values = {}
     for key in _SHARED_KEYS:
         v = table.get(key, 1)
