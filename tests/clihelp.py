@@ -16,3 +16,16 @@ def one_line_error(*args, must_contain=()) -> str:
     for s in must_contain:
         assert s in lines[0], (s, lines[0])
     return lines[0]
+
+
+def stderr_error(*args, must_contain=()):
+    """The same check on standard error alone, for commands that also print a result (plan's "no
+    plan" table) before failing; returns click's Result."""
+    r = CliRunner().invoke(main, list(args))
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("servesim: error:"), r.stderr
+    for s in must_contain:
+        assert s in err[0], err[0]
+    return r

@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from servesim.cli import main
+from clihelp import stderr_error
 
 SMALL = ["--num-requests", "200", "--workers", "1"]
 SLO = "ttft_p99=1s,tpot_p99=60ms"
@@ -14,17 +15,6 @@ SLO = "ttft_p99=1s,tpot_p99=60ms"
 def run(*args):
     r = CliRunner().invoke(main, list(args), catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    return r
-
-
-def user_error(*args, must_contain=()):
-    r = CliRunner().invoke(main, list(args))
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("servesim: error:"), r.stderr
-    for s in must_contain:
-        assert s in err[0], err[0]
     return r
 
 
@@ -78,16 +68,16 @@ def test_sweep_find_max_rate_with_price(tmp_path):
     (["--rates", "1", "--model", "llama-3.1-70b"], ["no feasible configuration"]),
 ])
 def test_sweep_user_errors(args, words):
-    user_error("sweep", *SMALL, *args, must_contain=words)
+    stderr_error("sweep", *SMALL, *args, must_contain=words)
 
 
 def test_sweep_partial_results_written_on_later_error(tmp_path):
     # a value every point could reject is refused before anything runs; one found only by running
     # the point (too few KV blocks for its longest request) is recorded, and the others are written
-    user_error("sweep", "--rates", "2", "--grid", "gpu-memory-utilization=0.9,1.5", *SMALL, "-o", str(tmp_path),
+    stderr_error("sweep", "--rates", "2", "--grid", "gpu-memory-utilization=0.9,1.5", *SMALL, "-o", str(tmp_path),
                must_contain=["--gpu-memory-utilization", "(0, 1]"])
     assert not (tmp_path / "sweep.csv").exists()
-    r = user_error("sweep", "--rates", "2", "--grid", "num-gpu-blocks=4000,2", *SMALL, "-o", str(tmp_path),
+    r = stderr_error("sweep", "--rates", "2", "--grid", "num-gpu-blocks=4000,2", *SMALL, "-o", str(tmp_path),
                    must_contain=["point 1", "--num-gpu-blocks 2", "1 completed points written"])
     df = pd.read_csv(tmp_path / "sweep.csv")
     assert list(df.status) == ["ok", "error"] and df.ttft_ms_p99.notna().iloc[0]
@@ -110,7 +100,7 @@ def test_plan_json_schema_and_outputs(tmp_path):
 
 
 def test_plan_nothing_meets_is_nonzero_with_reason():
-    r = user_error("plan", "--hardware", "h100-sxm", "--tp", "1", "--rate", "12", "--slo", "tpot_p99=2ms",
+    r = stderr_error("plan", "--hardware", "h100-sxm", "--tp", "1", "--rate", "12", "--slo", "tpot_p99=2ms",
                    "--num-requests", "200", "--workers", "1", must_contain=["no configuration meets", "tpot_p99"])
     assert "no plan" in r.stdout
 
@@ -122,4 +112,4 @@ def test_plan_nothing_meets_is_nonzero_with_reason():
     ([], ["--slo"]),
 ])
 def test_plan_user_errors(args, words):
-    user_error("plan", "--num-requests", "200", "--workers", "1", *args, must_contain=words)
+    stderr_error("plan", "--num-requests", "200", "--workers", "1", *args, must_contain=words)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
+from clihelp import stderr_error
 import servesim
 from servesim.cli import main
 from servesim.errors import ConfigError, InfeasibleError
@@ -126,19 +127,8 @@ def test_engine_limits_reach_the_candidates():
     assert max(p["mean_batch_size"] for p in b["metrics"]["pools"]) <= 8
 
 
-def user_error(*args, must_contain=()):
-    r = CliRunner().invoke(main, list(args))
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("servesim: error:"), r.stderr
-    for s in must_contain:
-        assert s in err[0], err[0]
-    return r
-
-
 def test_no_configuration_meets_is_exit_2_with_reason():
-    r = user_error("plan", "--disaggregated", *SMALL, "--rate", "8", "--slo", "tpot_p99=2ms",
+    r = stderr_error("plan", "--disaggregated", *SMALL, "--rate", "8", "--slo", "tpot_p99=2ms",
                    must_contain=["no configuration meets", "prefill/decode", "tpot_p99"])
     assert "no plan" in r.stdout
 
@@ -151,12 +141,12 @@ def test_no_configuration_meets_is_exit_2_with_reason():
     (["--tp", "3"], ["--tp"]),
 ])
 def test_disaggregated_user_errors(args, words):
-    user_error("plan", "--disaggregated", "--rate", "4", "--slo", SLO, "--num-requests", "100", "--workers", "1",
+    stderr_error("plan", "--disaggregated", "--rate", "4", "--slo", SLO, "--num-requests", "100", "--workers", "1",
                *args, must_contain=words)
 
 
 def test_plan_without_disaggregated_refuses_pool_too():
-    user_error("plan", "--rate", "4", "--slo", SLO, "--pool", "h100-sxm:tp1:x2", must_contain=["--pool", "--disaggregated"])
+    stderr_error("plan", "--rate", "4", "--slo", SLO, "--pool", "h100-sxm:tp1:x2", must_contain=["--pool", "--disaggregated"])
 
 
 def test_api_errors():
