@@ -70,6 +70,7 @@ def quietly(fn, *args, **kw):
 
 SUBSET_M = {1, 2, 4, 8, 16, 32, 33, 48, 64, 65, 80, 96, 128, 129, 160, 192, 193, 256, 257, 384, 512, 513, 768, 769,
             1024, 1025, 1536, 1537, 2048, 2049, 3072, 3073, 4096, 4097, 8192}
+MIXTRAL_SHAPES = ("4096/14336/8/2", "6144/16384/8/2")   # hidden/inter/experts/topk of Mixtral 8x7B, 8x22B
 SUBSET_MOE_KERNELS = ("vllm_fused_moe", "moe_torch_flow_cutlass", "sglang_fused_moe_triton")
 
 
@@ -119,7 +120,7 @@ def refresh_data(src: Path) -> pd.DataFrame:
             shutil.rmtree(p)
     rows = []
     for gpu, engines in ek.ENGINES.items():
-        for folder in list(engines.values()) + [ek.NCCL]:
+        for folder in list(engines.values()) + [ek.NCCL[gpu]]:
             for table in ek.TABLES:
                 path = src / gpu / folder / f"{table}.csv"
                 if not path.is_file():
@@ -252,6 +253,20 @@ def run_moe(gpu: str, hw, engine: str, gemm: dict, out_rows: list, fitted: dict)
     folds = ek.group_folds(rng["shape"], FOLDS, SEED)      # bf16 and fp8 rows of a shape held out together
     rng["pred_s"], _ = ek.cross_validate(rng, folds, lambda tr: rnd(quietly(ek.fit_moe, tr, hw, gemm)),
                                          lambda te, p: ek.predict_moe(te, hw, gemm, p))
+    rng["tuned"] = ek.moe_tuned(engine, ek.GPUS[gpu], rng)
+    # Mixtral 8x7B / 8x22B held out whole: fitted on the other shapes, predicted at 1-512 tokens
+    mix = rng["shape"].isin(MIXTRAL_SHAPES)
+    if mix.any() and (~mix).any():
+        p_other = rnd(quietly(ek.fit_moe, rng[~mix], hw, gemm))
+        held = rng[mix & (rng["tokens"] <= 512)]
+        held = held.assign(pred_s=ek.predict_moe(held, hw, gemm, p_other))
+        for dtype, part in held.groupby("dtype"):
+            out_rows.append(summarise(part, gpu, engine, f"fused MoE {dtype}",
+                                      "held out: Mixtral 8x7B and 8x22B shapes, 1-512 tokens, all TP"))
+            tp2 = part[part["tuned"]]
+            if len(tp2):
+                out_rows.append(summarise(tp2, gpu, engine, f"fused MoE {dtype}",
+                                          "held out: Mixtral shapes, 1-512 tokens, tuned tiles (TP 2-8)"))
     for dtype, part in rng.groupby("dtype"):
         cls = f"fused MoE {dtype}"
         DIAG[(gpu, engine, "moe", dtype)] = part
@@ -261,7 +276,8 @@ def run_moe(gpu: str, hw, engine: str, gemm: dict, out_rows: list, fitted: dict)
     outside = frame[~frame["in_range"]]
     for dtype, part in outside.groupby("dtype"):
         out_rows.append(summarise(part.assign(pred_s=ek.predict_moe(part, hw, gemm, params)), gpu, engine,
-                                  f"fused MoE {dtype}", f"outside range: tokens > {ek.MOE_MAX_TOKENS} (not fitted)"))
+                                  f"fused MoE {dtype}", f"outside range: tokens > {ek.MOE_MAX_TOKENS} or EP > 1 "
+                                                        "(not fitted)"))
 
 
 def run_nccl(gpu: str, hw, out_rows: list, fitted: dict):
@@ -328,14 +344,17 @@ def diagnostics() -> list:
     a = a[a["m"] <= 16].assign(wmb=a["n"] * a["k"] * 2 / 1e6)
     for _, r in band_table(a, "wmb", [0, 4, 16, 64, 256, 4096], ["<4", "4-16", "16-64", "64-256", ">256"]).iterrows():
         L.append(f"| {r['band']} | {r['n']} | {pct(r['median'])} | {pct(r['p90'])} | {spct(r['signed'])} |")
-    L += ["", "Fused MoE held-out rows (H100) by tokens:", "",
-          "| engine | dtype | tokens | n | median | p90 | signed |", "|---|---|---|---:|---:|---:|---:|"]
+    L += ["", "Fused MoE held-out rows by tokens (tuned: vLLM ships a config for the shape; default: "
+          "get_default_config's tiles):", "",
+          "| gpu | engine | dtype | tiles | tokens | n | median | p90 | signed |",
+          "|---|---|---|---|---|---:|---:|---:|---:|"]
     for key, frame in DIAG.items():
         if len(key) == 4 and key[2] == "moe":
-            for _, r in band_table(frame, "tokens", [0, 16, 256, 2048, 8192],
-                                   ["1-16", "17-256", "257-2048", "2049-8192"]).iterrows():
-                L.append(f"| {key[1]} | {key[3]} | {r['band']} | {r['n']} | {pct(r['median'])} | {pct(r['p90'])} | "
-                         f"{spct(r['signed'])} |")
+            for tuned, part in frame.groupby(frame.get("tuned", pd.Series(False, index=frame.index))):
+                for _, r in band_table(part, "tokens", [0, 16, 256, 512, 2048, 8192],
+                                       ["1-16", "17-256", "257-512", "513-2048", "2049-8192"]).iterrows():
+                    L.append(f"| {ek.GPUS[key[0]]} | {key[1]} | {key[3]} | {'tuned' if tuned else 'default'} | "
+                             f"{r['band']} | {r['n']} | {pct(r['median'])} | {pct(r['p90'])} | {spct(r['signed'])} |")
     L += ["", "Decode attention held-out rows by batch size:", "",
           "| gpu | engine | seqs | n | median | p90 | signed |", "|---|---|---|---:|---:|---:|---:|"]
     for key, frame in DIAG.items():
@@ -374,12 +393,12 @@ def misses(errors: pd.DataFrame, vidur: pd.DataFrame, fitted: dict) -> list:
     h, a = fitted[("h100_sxm", "gemm")], fitted[("a100_sxm", "gemm")]
     hn, an = fitted[("h100_sxm", "nccl")], fitted[("a100_sxm", "nccl")]
     v = vidur[vidur["split"] == "held-out"]
-    vr = {g: fitted[(g, "vidur_refit")] for g in ek.GPUS}
+    vr = {g: fitted[(g, "vidur_refit")] for g in VIDUR_GPU}
     ag = held[(held["gpu"] == "a100-sxm-80gb") & (held["class"] == "GEMM bf16")]
     a100 = DIAG[("a100_sxm", "gemm_cv")]
     a100 = a100[(a100["m"] <= 16) & (a100["n"] * a100["k"] * 2 > 256e6)]
     big_w = float(np.median(a100["pred_s"] / a100["time_s"] - 1.0))
-    kv8 = held[held["split"].str.contains("fp8 KV")].set_index(["engine", "class"])["signed"]
+    kv8 = held[held["split"].str.contains("fp8 KV") & (held["gpu"] == "h100-sxm")].set_index(["engine", "class"])["signed"]
     L += ["", "Reasons, class by class:", "",
           f"- **GEMM, A100** (held-out {pct(ag['median'].min())}-{pct(ag['median'].max())}, the closest of the GEMM "
           f"classes to the target): A100's weight streaming is not one bandwidth: small m reads 4-64 MB of weights "
@@ -630,10 +649,14 @@ def write_engine_profiles(fit: dict) -> None:
     from servesim.calibrate.profile_io import update_engine_profile
     for engine in ("vllm", "sglang", "trtllm"):
         path = REPO / "engines" / f"{engine}.toml"
-        for gpu in ("h100-sxm", "a100-sxm-80gb"):
+        for gpu in ek.GPUS.values():
+            if engine not in fit.get(gpu, {}):
+                continue
             vals = {k: v for k, v in fit[gpu]["gemm"].items()}
             vals.update(fit[gpu][engine])
             notes = []
+            if gpu not in ("h100-sxm", "a100-sxm-80gb"):
+                notes.append("launch_us: h100-sxm's (no eager timings of this GPU; a host-side figure)")
             h100 = fit["h100-sxm"][engine]
             if "gemm_fp8_max" not in vals:
                 vals.update(gemm_fp8_max=h100["gemm_fp8_max"], gemm_fp8_latency_us=h100["gemm_fp8_latency_us"])
@@ -644,10 +667,18 @@ def write_engine_profiles(fit: dict) -> None:
             if "moe_fp8_efficiency" not in vals:
                 vals.update(moe_fp8_efficiency=vals["moe_efficiency"], moe_fp8_latency_us=vals["moe_latency_us"])
                 notes.append("moe_fp8 keys: the bf16 ones (no fp8 MoE rows)")
+            vals.setdefault("moe_tile_ridge", 0.0)   # engines whose MoE tiles are not known: no tile cap
             if "allreduce_eager_launch_us" not in vals:
                 vals["allreduce_eager_launch_us"] = 0.0
                 notes.append("allreduce_eager_launch_us: 0 (no eager rows; the engine runs none)")
-            current = tomllib.loads(path.read_text()).get("hardware", {}).get(gpu, {})
+            tables = tomllib.loads(path.read_text()).get("hardware", {})
+            current = tables.get(gpu, {})
+            if not current:
+                # a GPU with kernel tables but no end-to-end data: the end-to-end keys of h100-sxm's table
+                h = tables["h100-sxm"]
+                vals.update({k: h[k] for k in ("graph_overlap", "host_step_us", "host_per_seq_us", "frontend_us")})
+                notes.append("graph_overlap, host_step_us, host_per_seq_us, frontend_us: h100-sxm's end-to-end fit "
+                             "carried over (host-side and per-step terms; no end-to-end data on this GPU)")
             if engine == "trtllm":
                 # the published TensorRT-LLM results ran TensorRT engines, which fuse the fp8 activation
                 # quantisation into the producing kernel; the tables' 1.x PyTorch flow runs it on its own
@@ -690,7 +721,10 @@ def main(argv=None) -> int:
             run_allreduce(gpu, hw, engine, gemms[engine], rows, fitted)
             run_moe(gpu, hw, engine, gemms[engine], rows, fitted)
         run_nccl(gpu, hw, rows, fitted)
-        vidur.append(run_vidur(gpu, hw, gemms["vllm"], rows, fitted))
+        if gpu in VIDUR_GPU:
+            vidur.append(run_vidur(gpu, hw, gemms["vllm"], rows, fitted))
+        else:   # no eager timings of this GPU: the host launch gap is a CPU figure, carried over from H100
+            fitted[(gpu, "launch")] = fitted[("h100_sxm", "launch")]
         print(f"{profile}: done at {time.time() - t0:.0f} s", flush=True)
     errors = pd.DataFrame(rows)
     vidur = pd.concat(vidur, ignore_index=True)

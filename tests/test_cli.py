@@ -54,9 +54,11 @@ def test_cost_engine_profiles():
     v = json.loads(run("cost", "--decode-seqs", "8", "--format", "json").output)
     t = json.loads(run("cost", "--decode-seqs", "8", "--engine", "trtllm", "--format", "json").output)
     assert v["engine"] == "vllm" and t["engine"] == "trtllm"
-    assert v["engine_fit"] == t["engine_fit"] == "fitted on h100-sxm"
+    assert v["engine_fit"] == "fitted on h100-sxm" and t["engine_fit"].startswith("fitted on h100-sxm; end-to-end terms")
     h200 = json.loads(run("cost", "--decode-seqs", "8", "--hardware", "h200-sxm", "--format", "json").output)
-    assert "h100-sxm's fit" in h200["engine_fit"]
+    assert h200["engine_fit"].startswith("fitted on h200-sxm") and "carried over from h100-sxm" in h200["engine_fit"]
+    mi = json.loads(run("cost", "--decode-seqs", "8", "--hardware", "mi300x", "--format", "json").output)
+    assert "h100-sxm's fit" in mi["engine_fit"]
     one_line_error("cost", "--decode-seqs", "8", "--engine", "vllx", must_contain=("unknown engine 'vllx'",))
 
 

@@ -73,12 +73,33 @@ def test_full_graph_pays_one_launch_eager_pays_every_kernel():
 
 
 def test_host_time_adds_per_step_and_per_sequence():
+    # a synchronous engine (TensorRT-LLM's profile) adds the host time to the step
     m, hw = load_model("llama-3.1-8b"), load_hardware("h100-sxm")
-    eng = load_engine("vllm")
+    eng = load_engine("trtllm")
+    assert not eng.host_overlap
     base = build_replica(m, hw, Layout(), engine=with_fit_for(eng, hw, host_step_s=0.0, host_per_seq_s=0.0))
     more = build_replica(m, hw, Layout(), engine=with_fit_for(eng, hw, host_step_s=1e-3, host_per_seq_s=1e-5))
     t0, t1 = _decode(base, 32).time_s, _decode(more, 32).time_s
     assert t1 - t0 == pytest.approx(1e-3 + 32 * 1e-5)
+
+
+def test_async_host_time_hides_behind_the_gpu_until_it_is_longer():
+    # vLLM 0.15.1 schedules asynchronously (engines/vllm.toml [ASY]): the step is the longer of the GPU
+    # work and the host work; the GPU-side step time adds in either case
+    m, hw = load_model("llama-3.1-8b"), load_hardware("h100-sxm")
+    eng = load_engine("vllm")
+    assert eng.host_overlap
+    fit0 = dict(host_step_s=0.0, host_per_seq_s=0.0, step_gpu_s=0.0)
+    gpu = _decode(build_replica(m, hw, Layout(), engine=with_fit_for(eng, hw, **fit0)), 32).time_s
+    small = _decode(build_replica(m, hw, Layout(), engine=with_fit_for(eng, hw, **{**fit0, "host_step_s": 1e-4})),
+                    32).time_s
+    big = _decode(build_replica(m, hw, Layout(), engine=with_fit_for(eng, hw, **{**fit0, "host_step_s": 0.05,
+                                                                                   "host_per_seq_s": 1e-4})), 32).time_s
+    sync = _decode(build_replica(m, hw, Layout(), engine=with_fit_for(eng, hw, **{**fit0, "step_gpu_s": 1e-3})),
+                   32).time_s
+    assert gpu > 1e-3 and small == pytest.approx(gpu)
+    assert big == pytest.approx(0.05 + 32 * 1e-4)
+    assert sync == pytest.approx(gpu + 1e-3)
 
 
 def test_custom_allreduce_inside_nvlink_nccl_outside():
@@ -92,10 +113,13 @@ def test_custom_allreduce_inside_nvlink_nccl_outside():
 
 def test_fit_for_borrows_from_efficiency_source_and_says_so():
     eng = load_engine("vllm")
-    h200 = load_hardware("h200-sxm")
-    fit = eng.fit_for(h200)
-    assert fit.fitted_on == "h100-sxm" and "h200-sxm" in fit.note and "h100-sxm" in fit.note
+    mi300x = load_hardware("mi300x")          # no vLLM kernel tables: borrows h100-sxm's fit
+    fit = eng.fit_for(mi300x)
+    assert fit.fitted_on == "h100-sxm" and "mi300x" in fit.note and "h100-sxm" in fit.note
     assert eng.fit_for(load_hardware("h100-sxm")).note == "fitted on h100-sxm"
+    # a GPU with kernel tables of its own but no end-to-end data says what it carries over
+    h200 = eng.fit_for(load_hardware("h200-sxm"))
+    assert h200.fitted_on == "h200-sxm" and "end-to-end terms" in h200.note and "carried over from h100-sxm" in h200.note
 
 
 def test_prefix_arrays_whole_blocks_below_prompt():

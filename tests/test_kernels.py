@@ -228,17 +228,17 @@ def test_moe_is_latency_plus_routing_plus_up_and_down_grouped_gemms():
     up = kn.grouped_gemm_time_nb(touched, assign / touched, hidden, 2 * inter, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
     down = kn.grouped_gemm_time_nb(touched, assign / touched, inter, hidden, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
     t = kn.moe_experts_time_nb(assign, touched, pairs, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0,
-                               eff, lat, pair_time)
+                               eff, lat, pair_time, 0.0, 0.0, 0.0)
     assert t == pytest.approx(lat + pairs * pair_time + up + down, rel=1e-12)
     assert kn.moe_experts_time_nb(0.0, 0.0, 0.0, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff,
-                                  lat, pair_time) == 0.0
+                                  lat, pair_time, 0.0, 0.0, 0.0) == 0.0
 
 
 def test_moe_with_one_token_per_expert_streams_the_touched_weights():
     hidden, inter = 7168.0, 2048.0
     def t(touched):
         return kn.moe_experts_time_nb(touched, touched, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX,
-                                      HF, K0, 0.3, 0.0, 0.0)
+                                      HF, K0, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0)
     per_expert = (3 * hidden * inter * 2 + (2 * inter + hidden) * 2 + (hidden + inter) * 2) / (BW * HF)
     assert t(8.0) == pytest.approx(8 * per_expert, rel=1e-12)
     assert t(64.0) == pytest.approx(8 * t(8.0), rel=1e-12)

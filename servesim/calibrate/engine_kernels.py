@@ -52,13 +52,16 @@ from servesim.costmodel.collectives import AUTO, allreduce_time_nb
 from servesim.errors import ConfigError
 
 # AIConfigurator folder name of each GPU -> servesim hardware profile.
-GPUS = {"h100_sxm": "h100-sxm", "a100_sxm": "a100-sxm-80gb"}
+GPUS = {"h100_sxm": "h100-sxm", "a100_sxm": "a100-sxm-80gb", "h200_sxm": "h200-sxm", "b200_sxm": "b200"}
 # Engine -> its folder (engine-version) per GPU.
 ENGINES = {
     "h100_sxm": {"vllm": "vllm-0.14.0", "sglang": "sglang-0.5.9", "trtllm": "trtllm-1.2.0rc5"},
     "a100_sxm": {"vllm": "vllm-0.14.0", "sglang": "sglang-0.5.9", "trtllm": "trtllm-1.0.0"},
+    "h200_sxm": {"vllm": "vllm-0.14.0"},
+    "b200_sxm": {"vllm": "vllm-0.19.0"},
 }
-NCCL = "nccl-2.27.3"
+# NCCL folder per GPU
+NCCL = {"h100_sxm": "nccl-2.27.3", "a100_sxm": "nccl-2.27.3", "h200_sxm": "nccl-2.26.2", "b200_sxm": "nccl-2.27.3"}
 TABLES = ("gemm_perf", "context_attention_perf", "generation_attention_perf", "custom_allreduce_perf",
           "nccl_perf", "moe_perf")
 HEAD_DIM = 128.0  # every shipped attention row (the subset keeps head_dim 128)
@@ -74,6 +77,7 @@ ALLREDUCE_PARAMS = ("allreduce_latency_us", "allreduce_bw_fraction", "allreduce_
 MOE_PARAMS = ("moe_efficiency", "moe_latency_us")
 MOE_FP8_PARAMS = ("moe_fp8_efficiency", "moe_fp8_latency_us")
 MOE_SHARED_PARAMS = ("moe_pair_us",)
+MOE_TILE_PARAMS = ("moe_tile_ridge",)   # engines whose fused-MoE tiles are known (engine profile moe_configs)
 NCCL_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
 LAUNCH_PARAMS = ("launch_us",)
 # Physical bounds (file units): fractions of a datasheet figure, microseconds, K steps, key blocks.
@@ -90,6 +94,7 @@ BOUNDS = {
     "allreduce_step_latency_us": (0.0, 100.0), "allreduce_eager_launch_us": (0.0, 500.0),
     "moe_efficiency": (0.01, 1.0), "moe_latency_us": (0.0, 500.0),
     "moe_fp8_efficiency": (0.01, 1.0), "moe_fp8_latency_us": (0.0, 500.0), "moe_pair_us": (0.0, 1.0),
+    "moe_tile_ridge": (1.0, 1000.0),
     "scaleup_bw_fraction": (0.05, 1.0), "scaleup_latency_us": (0.0, 50.0),
     "collective_base_latency_us": (0.0, 100.0),
     "launch_us": (0.0, 100.0),
@@ -101,8 +106,9 @@ START = {
     "attn_prefill_max": 0.6, "attn_prefill_hbm_fraction": 0.5, "attn_prefill_block_overhead": 0.5,
     "attn_prefill_latency_us": 10.0, "attn_decode_hbm_fraction": 0.8, "attn_decode_block_us": 3.0,
     "attn_decode_latency_us": 10.0, "allreduce_latency_us": 4.0, "allreduce_bw_fraction": 0.7,
-    "allreduce_step_latency_us": 5.0, "allreduce_eager_launch_us": 20.0, "moe_efficiency": 0.3,
+    "allreduce_step_latency_us": 5.0, "allreduce_eager_launch_us": 20.0, "moe_efficiency": 0.8,
     "moe_latency_us": 20.0, "moe_fp8_efficiency": 0.2, "moe_fp8_latency_us": 20.0, "moe_pair_us": 0.01,
+    "moe_tile_ridge": 100.0,
     "scaleup_bw_fraction": 0.7, "scaleup_latency_us": 1.0, "collective_base_latency_us": 10.0,
     "launch_us": 5.0,
 }
@@ -298,7 +304,7 @@ def allreduce_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame:
 
 def nccl_frame(gpu: str) -> pd.DataFrame:
     """NCCL all-reduce rows (fp16, ``message_size`` elements x 2 bytes) inside one NVSwitch node."""
-    t = read_table(gpu, NCCL, "nccl_perf")
+    t = read_table(gpu, NCCL[gpu], "nccl_perf")
     return pd.DataFrame({"engine": "nccl", "n": t["num_gpus"].to_numpy(np.float64),
                          "nbytes": t["message_size"].to_numpy(np.float64) * 2.0,
                          "time_s": t["latency"].to_numpy(np.float64) * 1e-3})
@@ -330,8 +336,53 @@ def moe_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame | None:
     })
     f["shape"] = [f"{int(h)}/{int(i)}/{int(e)}/{int(k)}" for h, i, e, k in
                   zip(f["hidden"], t["inter_size"], f["experts"], f["topk"])]
-    f["in_range"] = f["tokens"] <= MOE_MAX_TOKENS
+    # the tile the engine's kernel runs for each row (vLLM's tuned configs or its default; 0: not known)
+    tm, tn = moe_tiles(engine, GPUS.get(gpu, gpu), f)
+    f["tile_m"], f["tile_n"] = tm, tn
+    # serving range: the token budget of a step, experts sharded by TP only (expert parallelism is
+    # not modelled in serving yet; its rows are reported apart)
+    f["in_range"] = (f["tokens"] <= MOE_MAX_TOKENS) & (f["ep"] == 1.0)
     return f
+
+
+def moe_tuned(engine: str, hw_name: str, f: pd.DataFrame) -> np.ndarray:
+    """True where ``engine`` ships a tuned fused-MoE config for the row's shape on ``hw_name``."""
+    from servesim.config.engine import list_engines, load_engine
+    from servesim.costmodel.moe_tiles import tile_table
+    if engine not in list_engines():
+        return np.zeros(len(f), dtype=bool)
+    eng = load_engine(engine)
+    local = (f["experts"] / f["ep"]).round().astype(int).to_numpy()
+    width = f["inter"].round().astype(int).to_numpy()
+    dtype = f["dtype"].to_numpy()
+    return np.array([d == "bf16" and tile_table(eng, hw_name, "16bit", e, n)[3] for e, n, d in zip(local, width, dtype)],
+                    dtype=bool)
+
+
+def moe_tiles(engine: str, hw_name: str, f: pd.DataFrame) -> tuple:
+    """(tile_m, tile_n) per row of a MoE frame: the tile ``engine``'s profile says its kernel picks on
+    ``hw_name`` for the row's local experts, width per GPU, dtype and tokens (zeros where the profile
+    has no tile data)."""
+    from servesim.config.engine import list_engines, load_engine
+    from servesim.costmodel.moe_tiles import pick_tile_nb, tile_table
+    tm = np.zeros(len(f))
+    tn = np.zeros(len(f))
+    if engine not in list_engines():
+        return tm, tn
+    eng = load_engine(engine)
+    local = (f["experts"] / f["ep"]).round().astype(int).to_numpy()
+    width = f["inter"].round().astype(int).to_numpy()
+    dtype = f["dtype"].to_numpy()
+    cache: dict = {}
+    for i, (e, n, d, tok) in enumerate(zip(local, width, dtype, f["tokens"].to_numpy())):
+        if d != "bf16":   # tiles of the 16-bit Triton kernel only (the engine runs fp8 W8A8 MoE elsewhere)
+            continue
+        key = (e, n, "16bit")
+        if key not in cache:
+            cache[key] = tile_table(eng, hw_name, "16bit", e, n)
+        keys, bm, bn, _ = cache[key]
+        tm[i], tn[i] = pick_tile_nb(keys, bm, bn, float(tok))
+    return tm, tn
 
 
 # -- vectorised predictions (each calls the kernel formula row by row) ---------------------------
@@ -387,12 +438,13 @@ def _nccl_many_nb(nbytes, n, bw, alpha, base, algorithm):
 
 @njit(cache=True)
 def _moe_many_nb(assignments, touched, pairs, hidden, inter, w_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, k0, eff,
-                 lat, pair_time):
+                 lat, pair_time, tile_m, tile_n, ridge):
     out = np.empty(assignments.shape[0])
     for i in range(assignments.shape[0]):
         a = 2.0 if w_bytes[i] == 2.0 else 1.0
         out[i] = kn.moe_experts_time_nb(assignments[i], touched[i], pairs[i], hidden[i], inter[i], True, w_bytes[i], a,
-                                        peak[i], hbm_bw, sm_count, gmax, hbm_frac, k0, eff[i], lat[i], pair_time)
+                                        peak[i], hbm_bw, sm_count, gmax, hbm_frac, k0, eff[i], lat[i], pair_time,
+                                        tile_m[i], tile_n[i], ridge)
     return out
 
 
@@ -464,7 +516,8 @@ def predict_nccl(frame: pd.DataFrame, hw, p: dict | None = None) -> np.ndarray:
 def predict_moe(frame: pd.DataFrame, hw, gemm: dict, p: dict) -> np.ndarray:
     """Fused-MoE time (s) of each row: bf16 rows at ``moe_efficiency`` / ``moe_latency_us``, fp8 rows
     at the fp8 peak with 1-byte weights and activations, ``moe_fp8_efficiency`` / ``moe_fp8_latency_us``;
-    every row adds ``moe_pair_us`` per routed pair (column ``pairs``)."""
+    every row adds ``moe_pair_us`` per routed pair (column ``pairs``). Rows with a known tile (columns
+    ``tile_m``, ``tile_n`` > 0) run it, capped by ``moe_tile_ridge``."""
     is8 = (frame["dtype"] == "fp8").to_numpy()
     if is8.any() and not {"moe_fp8_efficiency", "moe_fp8_latency_us"} <= set(p):
         raise ConfigError("predict_moe: fp8 rows need moe_fp8_efficiency and moe_fp8_latency_us")
@@ -474,7 +527,12 @@ def predict_moe(frame: pd.DataFrame, hw, gemm: dict, p: dict) -> np.ndarray:
     return _moe_many_nb(_col(frame, "assignments"), _col(frame, "touched"), _col(frame, "pairs"), _col(frame, "hidden"),
                         _col(frame, "inter"), np.where(is8, 1.0, 2.0), peak, hw.hbm_bw, float(hw.sm_count),
                         gemm["gemm_max"], gemm["gemm_hbm_fraction"], gemm["gemm_tile_overhead_k"], eff, lat,
-                        p.get("moe_pair_us", 0.0) * 1e-6)
+                        p.get("moe_pair_us", 0.0) * 1e-6, _tiles(frame, "tile_m"), _tiles(frame, "tile_n"),
+                        p.get("moe_tile_ridge", 0.0))
+
+
+def _tiles(frame: pd.DataFrame, name: str) -> np.ndarray:
+    return frame[name].to_numpy(np.float64) if name in frame.columns else np.zeros(len(frame))
 
 
 # -- fitting ------------------------------------------------------------------------------------
@@ -599,7 +657,8 @@ def fit_moe(frame: pd.DataFrame, hw, gemm: dict) -> dict:
             names += part
     if not names:
         raise ConfigError(f"fit_moe({hw.name}): no bf16 or fp8 rows")
-    return fit_params(tuple(names) + MOE_SHARED_PARAMS, lambda f, p: predict_moe(f, hw, gemm, p), frame,
+    tiled = MOE_TILE_PARAMS if "tile_m" in frame.columns and (frame["tile_m"] > 0).any() else ()
+    return fit_params(tuple(names) + MOE_SHARED_PARAMS + tiled, lambda f, p: predict_moe(f, hw, gemm, p), frame,
                       f"fit_moe({hw.name})")
 
 
@@ -615,10 +674,10 @@ def fit_launch(frame: pd.DataFrame, hw, gemm: dict) -> dict:
 
 
 __all__ = ["ALLREDUCE_PARAMS", "BOUNDS", "DECODE_PARAMS", "ENGINES", "GEMM_FP8_PARAMS", "GEMM_PARAMS", "GPUS",
-           "LAUNCH_PARAMS", "MOE_FP8_PARAMS", "MOE_PARAMS", "MOE_SHARED_PARAMS", "NCCL_PARAMS", "PREFILL_PARAMS",
+           "LAUNCH_PARAMS", "MOE_FP8_PARAMS", "MOE_PARAMS", "MOE_SHARED_PARAMS", "MOE_TILE_PARAMS", "NCCL_PARAMS", "PREFILL_PARAMS",
            "ROW_FILTERS", "TABLE_COLUMNS", "aiconfigurator_dir",
            "allreduce_frame", "bounds_hit", "cross_validate", "decode_frame", "fit_allreduce", "fit_decode",
            "fit_gemm", "fit_gemm_fp8", "fit_launch", "fit_moe", "fit_nccl", "fit_params", "fit_prefill",
-           "gemm_frame", "group_folds", "moe_frame", "nccl_frame", "nccl_profile_params", "predict_allreduce",
+           "gemm_frame", "group_folds", "moe_frame", "moe_tiles", "moe_tuned", "nccl_frame", "nccl_profile_params", "predict_allreduce",
            "predict_decode", "predict_gemm", "predict_moe", "predict_nccl", "predict_prefill", "prefill_frame",
            "read_folder_table", "read_table", "table_file"]

@@ -118,8 +118,9 @@ def derived_profile(base, name: str, values: dict, fit_source: str) -> str:
 def engine_table(hw_name: str, values: dict, fit_source: str, comments: dict | None = None) -> str:
     """A ``[hardware.<hw_name>]`` table of an engine profile: every FIT_KEYS file key, in order, from
     ``values`` (file units), with an optional comment per key."""
-    from servesim.config.engine import FIT_KEYS
+    from servesim.config.engine import _OPTIONAL_FIT, FIT_KEYS
     _check_fit_source(fit_source)
+    values = {**_OPTIONAL_FIT, **values}
     missing = [k for k, _, _ in FIT_KEYS if k not in values]
     if missing:
         raise ConfigError(f"engine table for {hw_name}: missing {', '.join(missing)}")

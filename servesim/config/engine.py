@@ -37,6 +37,10 @@ _SCHEDULER_KEYS = ("policy", "max_num_seqs", "max_num_batched_tokens", "block_si
                    "memory_fraction_of", "watermark", "preemption", "non_torch_memory_mib")
 _GRAPH_KEYS = ("mode", "sizes", "step_small", "step_large", "large_from", "max_size", "max_size_per_seq")
 _KERNEL_KEYS = ("fused_add_norm", "allreduce", "custom_allreduce_max_mib")
+# fused-MoE tiles: the engine's tuned configs (a CSV beside the profile) and its default tiles
+_MOE_TILE_KEYS = ("moe_configs", "moe_default_tile_small", "moe_default_tile")
+# the engine's own NVLink all-reduce limit per TP degree, where it differs from custom_allreduce_max_mib
+_AR_TP_KEY = "allreduce_max_mib_by_tp"
 _HOST_KEYS = ("overlap",)
 # Fitted per (engine, hardware): (file key, field, kind). kind: "fraction" (0, 1], "nonneg" >= 0.
 # Formulas in servesim/costmodel/kernels.py; fits in servesim/calibrate/engine_kernels.py.
@@ -65,13 +69,17 @@ FIT_KEYS = (
     ("moe_fp8_efficiency", "moe_fp8_efficiency", "fraction"),
     ("moe_fp8_latency_us", "moe_fp8_latency_s", "nonneg"),
     ("moe_pair_us", "moe_pair_s", "nonneg"),
+    ("moe_tile_ridge", "moe_tile_ridge", "nonneg"),                 # MACs per operand element; 0: no tile cap
     ("launch_us", "launch_s", "nonneg"),
     ("graph_overlap", "graph_overlap", "unit"),                     # fitted end to end (fit_vllm_host.py)
+    ("step_gpu_us", "step_gpu_s", "nonneg"),                       # GPU work per step outside the forward
     ("host_step_us", "host_step_s", "nonneg"),
     ("host_per_seq_us", "host_per_seq_s", "nonneg"),
     ("frontend_us", "frontend_s", "nonneg"),
 )
 _UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
+# keys a table may leave out (profiles written before they existed), with the value that means "absent"
+_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0}
 
 
 @dataclass(frozen=True)
@@ -146,8 +154,10 @@ class EngineFit:
     moe_fp8_efficiency: float
     moe_fp8_latency_s: float
     moe_pair_s: float
+    moe_tile_ridge: float            # tile intensity at which the L2 feed matches the tensor cores (0: off)
     launch_s: float                  # CPU time to launch one kernel outside a CUDA graph
     graph_overlap: float             # fraction of each kernel's fixed time hidden behind its neighbours in a step
+    step_gpu_s: float                # GPU time per step outside the forward (sampler, input copies), never overlapped
     host_step_s: float               # host work per engine step (schedule, prepare inputs, sample, update)
     host_per_seq_s: float            # ... per scheduled sequence
     frontend_s: float                # per request: HTTP, tokenisation, IPC to the engine, first token back
@@ -170,24 +180,52 @@ class EngineProfile:
     custom_allreduce_max_bytes: float
     host_overlap: bool               # host work of a step overlaps the GPU work of the previous step
     fits: dict                       # hardware profile name -> EngineFit
+    allreduce_max_bytes_by_tp: dict = dataclasses.field(default_factory=dict)   # capability -> {tp: bytes}
+    moe_configs: Path | None = None  # tuned fused-MoE tiles (costmodel/moe_tiles.py); None: not known
+    moe_default_tile_small: tuple = (0, 0)   # tile when the batch has at most as many tokens as local experts
+    moe_default_tile: tuple = (0, 0)         # otherwise, without a tuned config
+
+    def allreduce_max_bytes(self, tp: int, hw=None) -> float:
+        """Largest message the engine's own NVLink all-reduce takes for a TP group of ``tp`` GPUs on ``hw``
+        (its compute capability's limits, else ``custom_allreduce_max_mib``)."""
+        by_tp = self.allreduce_max_bytes_by_tp.get(getattr(hw, "cuda_capability", ""), {})
+        return by_tp.get(int(tp), self.custom_allreduce_max_bytes)
 
     def fit_for(self, hw) -> EngineFit:
         """This engine's fit for hardware ``hw``: its own table, else that of the hardware it borrows
-        its efficiencies from (``efficiency_from``), marked as borrowed."""
+        its efficiencies from (``efficiency_from``), marked as borrowed. ``note`` says which terms are
+        fitted on this GPU and which are carried over (``_terms``)."""
         if hw.name in self.fits:
-            return dataclasses.replace(self.fits[hw.name], note=f"fitted on {hw.name}")
+            fit = self.fits[hw.name]
+            return dataclasses.replace(fit, note=f"fitted on {hw.name}" + _terms(fit))
         base = hw.efficiency_from
         if base and base in self.fits:
             return dataclasses.replace(
                 self.fits[base], note=f"no {self.name} fit for {hw.name}: {base}'s fit, priced with "
-                                      f"{hw.name}'s datasheet peaks and bandwidths")
+                                      f"{hw.name}'s datasheet peaks and bandwidths (kernel efficiencies carried "
+                                      f"over as fractions of them)" + _terms(self.fits[base]))
         if not self.fits:
             raise ConfigError(f"{display_path(self.path)}: no [hardware.<profile>] table; add one for "
                               f"{hw.name} (see engines/README.md)")
         first = sorted(self.fits)[0]
         return dataclasses.replace(
             self.fits[first], note=f"no {self.name} fit for {hw.name} or {base or 'its architecture'}: "
-                                   f"{first}'s fit, priced with {hw.name}'s datasheet")
+                                   f"{first}'s fit, priced with {hw.name}'s datasheet" + _terms(self.fits[first]))
+
+
+def _terms(fit: EngineFit) -> str:
+    """'' when every term of a table was fitted on its own GPU; else which were carried over, read from
+    its fit_source (the fit scripts write 'h100-sxm's values' / 'carried over' / "vLLM's values" there)."""
+    src = fit.fit_source
+    carried = []
+    if "h100-sxm's end-to-end fit carried over" in src or "h100-sxm's values" in src or "vLLM's" in src:
+        carried.append("end-to-end terms (graph_overlap, step and host time, frontend) carried over from "
+                       + ("vLLM's h100-sxm fit" if "vLLM's" in src else "h100-sxm"))
+    if "moe keys: h100-sxm's" in src:
+        carried.append("fused-MoE efficiencies h100-sxm's")
+    if "launch_us: h100-sxm's" in src:
+        carried.append("launch_us h100-sxm's")
+    return "; " + "; ".join(carried) if carried else ""
 
 
 def with_fit_for(engine: EngineProfile, hw, **overrides) -> EngineProfile:
@@ -249,7 +287,35 @@ def _load_file(path: Path) -> EngineProfile:
     )
 
     k = top.table("kernels")
-    k.expect_keys(_KERNEL_KEYS)
+    k.expect_keys(_KERNEL_KEYS, _MOE_TILE_KEYS + (_AR_TP_KEY,))
+    ar_by_tp = {}
+    if k.has(_AR_TP_KEY):
+        by_cap = k.data[_AR_TP_KEY]
+        ok = isinstance(by_cap, dict)
+        for cap, pairs in (by_cap.items() if ok else ()):
+            ok &= isinstance(pairs, list) and all(isinstance(q, list) and len(q) == 2 and isinstance(q[0], int)
+                                                  and q[0] >= 2 and isinstance(q[1], (int, float)) and q[1] >= 0
+                                                  for q in pairs)
+            if ok:
+                ar_by_tp[str(cap)] = {int(a): float(b) * _UNIT["mib"] for a, b in pairs}
+        if not ok:
+            raise k.error(_AR_TP_KEY, "must map a compute capability (\"9.0\") to [tp, MiB] pairs (tp >= 2, "
+                                      f"MiB >= 0), got {by_cap!r}")
+    moe_tiles = {}
+    if k.has("moe_configs"):
+        name_ = k.str("moe_configs", nonempty=True)
+        cfg = path.parent / name_
+        if not cfg.is_file():     # a copy of a shipped profile elsewhere names the shipped data file
+            cfg = engines_dir() / name_
+        if not cfg.is_file():
+            raise k.error("moe_configs", f"names {name_}, which is neither beside {display_path(path)} nor a "
+                                         f"shipped engine data file ({', '.join(p.name for p in engines_dir().glob('*.csv'))})")
+        moe_tiles["moe_configs"] = cfg
+        for key in _MOE_TILE_KEYS[1:]:
+            tile = k.data.get(key)
+            if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(v, int) and v >= 1 for v in tile)):
+                raise k.error(key, f"must be [rows, columns] of integers >= 1 with moe_configs, got {tile!r}")
+            moe_tiles[key] = tuple(tile)
     h = top.table("host")
     h.expect_keys(_HOST_KEYS)
 
@@ -263,15 +329,17 @@ def _load_file(path: Path) -> EngineProfile:
         source=top.str("source", nonempty=True), path=path, scheduler=sched, cuda_graph=graphs,
         fused_add_norm=k.bool("fused_add_norm"), allreduce=k.str("allreduce", choices=ALLREDUCE),
         custom_allreduce_max_bytes=k.float("custom_allreduce_max_mib", ge=0.0) * _UNIT["mib"],
-        host_overlap=h.bool("overlap"), fits=fits,
+        host_overlap=h.bool("overlap"), fits=fits, allreduce_max_bytes_by_tp=ar_by_tp, **moe_tiles,
     )
 
 
 def _read_fit(t: Table, hw_name: str) -> EngineFit:
-    t.expect_keys(["fit_source"] + [key for key, _, _ in FIT_KEYS])
+    t.expect_keys(["fit_source"] + [key for key, _, _ in FIT_KEYS if key not in _OPTIONAL_FIT], _OPTIONAL_FIT)
     values: dict[str, object] = {"fit_source": t.str("fit_source", nonempty=True), "fitted_on": hw_name}
     for key, field, kind in FIT_KEYS:
-        if kind == "fraction":
+        if key in _OPTIONAL_FIT and not t.has(key):
+            value = _OPTIONAL_FIT[key]
+        elif kind == "fraction":
             value = t.fraction(key)
         elif kind == "unit":
             value = t.float(key, ge=0.0, le=1.0)

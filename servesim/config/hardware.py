@@ -142,6 +142,7 @@ class HardwareProfile:
     price_source: str
     efficiency: Efficiency
     efficiency_from: str  # "" when the file carries its own [efficiency]
+    cuda_capability: str = ""  # NVIDIA compute capability ("9.0"), where engines switch kernels on it
 
 
 def list_hardware() -> list[str]:
@@ -198,8 +199,9 @@ def _load_file(path: Path) -> HardwareProfile:
     efficiency_from = top.str("efficiency_from")
 
     compute = top.table("compute")
-    compute.expect_keys(list(_COMPUTE_KEYS.values()) + ["sm_count"])
+    compute.expect_keys(list(_COMPUTE_KEYS.values()) + ["sm_count"], ("cuda_capability",))
     sm_count = compute.int("sm_count", ge=1)
+    cuda_capability = compute.str("cuda_capability", nonempty=True) if compute.has("cuda_capability") else ""
     peak = {}
     for precision, key in _COMPUTE_KEYS.items():
         # bf16 is the precision every cost model path needs; the others may be 0 = unsupported.
@@ -256,7 +258,7 @@ def _load_file(path: Path) -> HardwareProfile:
         scaleup_bw=scaleup_total * 1e9 / 2.0, scaleup_domain=scaleup_domain,
         gpus_per_node=gpus_per_node, pcie_gen=pcie_gen, pcie_lanes=pcie_lanes, pcie_bw=pcie_bw,
         scaleout_name=scaleout_name, scaleout_bw=scaleout_bw, tdp_w=tdp_w,
-        usd_per_hour=usd_per_hour, price_source=price_source, efficiency=efficiency,
+        usd_per_hour=usd_per_hour, price_source=price_source, efficiency=efficiency, cuda_capability=cuda_capability,
         efficiency_from=efficiency_from,
     )
 

@@ -39,9 +39,10 @@ import numpy as np
 from numba import njit
 
 from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
-from .kernels import (decode_attention_time_nb, engine_allreduce_eager_time_nb, engine_allreduce_time_nb,
+from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb,
                       gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb,
                       weight_only_gemm_time_nb)
+from .moe_tiles import pick_tile_nb
 from .params import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 from .roofline import roofline_time_nb
 
@@ -84,9 +85,11 @@ def expected_experts_nb(tokens, experts, top_k):
 def _moe_nb(p, m):
     """Routed experts (fused MoE over the experts the batch touches), shared experts and router."""
     pairs = m * p.top_k
+    tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
     t = moe_experts_time_nb(pairs, expected_experts_nb(m, p.experts, p.top_k), pairs, p.hidden, p.exp_inter,
                             p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm,
-                            p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair)   # fitted as a fraction of gemm_max
+                            p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,   # fitted as a fraction of gemm_max
+                            tile_m, tile_n, p.moe_ridge)
     t += _gemms_nb(p, m, p.sh_k, p.sh_n)
     return t + _gemm16_nb(p, m, p.hidden, p.router_n)
 
@@ -98,10 +101,12 @@ def allreduce_nb(p, m, graphed):
         return 0.0
     msg = m * p.hidden * 2.0
     if p.ar_custom > 0.0 and msg <= p.ar_max_bytes:
+        t = engine_allreduce_time_nb(msg, p.tp, p.ar_link_bw, p.ar_frac, p.ar_latency, p.ar_step)
         if graphed:
-            return engine_allreduce_time_nb(msg, p.tp, p.ar_link_bw, p.ar_frac, p.ar_latency, p.ar_step)
-        return engine_allreduce_eager_time_nb(msg, p.tp, p.ar_link_bw, p.ar_frac, p.ar_latency, p.ar_step,
-                                              p.ar_eager, p.hbm_bw, p.g_hbm)
+            return t
+        # eager: the GPU also copies the input into the registered buffer; the call's host time
+        # (ar_eager) is the CPU's, counted with the launches in iteration_components_nb
+        return t + 2.0 * msg / (p.hbm_bw * p.g_hbm)     # (kernels.engine_allreduce_eager_time_nb's copy)
     return p.coll_base + allreduce_time_nb(msg, p.tp, p.tp_bw, p.tp_alpha, int(p.tp_algorithm))
 
 
@@ -224,7 +229,9 @@ def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_de
         send = p2p_time_nb(tokens * p.hidden * 2.0, p.pp_bw, p.pp_alpha, p.pp_bw_large, p.pp_large_bytes)
     body = gemm + attn + elem + comm_tp
     cpu = launches_nb(p, n_pf, n_layers, padded) * p.launch
-    busy = max(body, cpu)
+    if padded <= 0.0 and p.tp > 1.0 and p.ar_custom > 0.0 and m * p.hidden * 2.0 <= p.ar_max_bytes:
+        cpu += 2.0 * n_layers * p.ar_eager    # host time of each eager call of the engine's all-reduce
+    busy = max(body, cpu) + p.step_gpu
     host = p.overhead + p.overhead_seq * seqs
     if p.host_overlap > 0.0:
         step = max(busy, host)

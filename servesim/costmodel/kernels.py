@@ -201,8 +201,21 @@ def grouped_gemm_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_cou
 
 
 @njit(cache=True)
+def moe_tile_fraction_nb(tile_m, tile_n, ridge):
+    """Fraction of the tensor-core rate a fused-MoE tile of tile_m x tile_n outputs can feed:
+    min(1, I / ridge), I = tile_m tile_n / (tile_m + tile_n) the multiply-adds per operand element
+    a K step loads (both operands streamed through shared memory from L2, the weights not reused
+    across tiles). ``ridge`` is the intensity at which the L2 feed matches the tensor cores
+    (roofline over the L2 level, Williams et al. 2009); 0 switches the cap off."""
+    if ridge <= 0.0:
+        return 1.0
+    return min(1.0, tile_m * tile_n / (tile_m + tile_n) / ridge)
+
+
+@njit(cache=True)
 def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated, w_bytes, a_bytes, peak, hbm_bw,
-                        sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency, pair_time):
+                        sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency, pair_time,
+                        tile_m, tile_n, ridge):
     """The routed experts of one MoE layer on one GPU, in seconds:
 
         moe_latency + routed_pairs x pair_time + grouped(up) + grouped(down)
@@ -212,8 +225,13 @@ def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated
     random routing E (1 - (1 - k/E)^T) experts, Feller vol. 1 ch. IV; for a balanced router
     min(E, T k)); each touched expert runs m = assignments / touched rows. ``inter`` is the expert
     width on this GPU (intermediate / TP); the up projection is 2 x inter wide when ``gated``.
-    Both grouped GEMMs use the dense GEMM's tile shapes, bandwidth fraction and tile overhead, with
-    tensor-core work at ``moe_efficiency`` x ``gemm_max`` (the fused-MoE kernels' own efficiency).
+
+    Tiles: ``tile_m`` x ``tile_n`` > 0 is the block the engine's kernel runs for this batch (vLLM's
+    Triton ``fused_moe`` reads it from its tuned config for (experts, width, device, dtype), or
+    takes its default; ``servesim/costmodel/moe_tiles.py``), at ``moe_efficiency`` x ``gemm_max``
+    of ``peak`` times ``moe_tile_fraction_nb(tile_m, tile_n, ridge)``; ``tile_m`` <= 0: the faster
+    of 16, 64 and 128 rows x 128 columns at ``moe_efficiency`` x ``gemm_max`` (engines whose tiles are
+    not known). Bytes as the dense GEMM's (``gemm_bytes_nb``) at ``hbm_fraction``.
     The routing, sort/align, permute and un-permute kernels cost ``moe_latency`` plus ``pair_time``
     per routed token-expert pair they see, ``routed_pairs`` = tokens x top_k of the whole layer
     input (under EP the fused kernels still walk every routed pair and skip the remote experts'
@@ -224,11 +242,34 @@ def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated
     m = assignments / touched
     up_n = 2.0 * inter if gated else inter
     frac = gemm_max * moe_efficiency
-    t = grouped_gemm_time_nb(touched, m, hidden, up_n, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
-                             hbm_fraction, tile_overhead_k)
-    t += grouped_gemm_time_nb(touched, m, inter, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
-                              hbm_fraction, tile_overhead_k)
+    if tile_m > 0.0:
+        frac *= moe_tile_fraction_nb(tile_m, tile_n, ridge)
+        t = tiled_group_time_nb(touched, m, hidden, up_n, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+                                hbm_fraction, tile_overhead_k, tile_m, tile_n)
+        t += tiled_group_time_nb(touched, m, inter, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+                                 hbm_fraction, tile_overhead_k, tile_m, tile_n)
+    else:
+        t = grouped_gemm_time_nb(touched, m, hidden, up_n, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+                                 hbm_fraction, tile_overhead_k)
+        t += grouped_gemm_time_nb(touched, m, inter, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+                                  hbm_fraction, tile_overhead_k)
     return moe_latency + routed_pairs * pair_time + t
+
+
+@njit(cache=True)
+def tiled_group_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, compute_fraction, hbm_fraction,
+                        tile_overhead_k, tile_m, tile_n):
+    """``groups`` GEMMs of m x k x n in one launch with a given tile: groups ceil(m / Tm) ceil(n / Tn)
+    tiles in waves over the SMs, each 2 Tm Tn (k + k0) FLOPs at ``compute_fraction`` of ``peak``,
+    against the bytes of all groups at ``hbm_fraction`` (the roofline of ``grouped_gemm_time_nb``
+    with the engine's tile instead of the best of three)."""
+    if groups <= 0.0 or m <= 0.0:
+        return 0.0
+    t_mem = groups * gemm_bytes_nb(m, k, n, w_bytes, a_bytes) / (hbm_bw * hbm_fraction)
+    tiles = groups * math.ceil(m / tile_m) * math.ceil(n / tile_n)
+    waves = math.ceil(tiles / sm_count)
+    t_c = waves * 2.0 * tile_m * tile_n * (k + tile_overhead_k) / (peak * compute_fraction / sm_count)
+    return max(t_c, t_mem)
 
 
 @njit(cache=True)
@@ -341,6 +382,7 @@ def engine_allreduce_eager_time_nb(nbytes, n, link_bw, bw_fraction, latency, ste
 __all__ = ["ATTN_BLOCK", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
            "decode_attention_time_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
            "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
-           "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb",
+           "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb", "moe_tile_fraction_nb",
+           "tiled_group_time_nb",
            "prefill_attention_bytes_nb", "prefill_attention_compute_nb", "prefill_attention_time_nb",
            "WO_SMALL_M", "WO_TILE_M", "weight_only_gemm_time_nb"]

@@ -16,6 +16,7 @@ from ..errors import ConfigError, InfeasibleError
 from . import collectives, elementwise
 from .dtypes import (BYTES, WEIGHT_ONLY_EXTRA_LATENCY_US, activation_bytes, check_dtype, compute_dtype,
                      kv_dtype_resolved, weight_only)
+from .moe_tiles import tile_table
 from .memory import GiB, kv_bytes_per_token_layer, kv_heads_per_gpu, weight_bytes_per_gpu, weight_bytes_per_param
 
 
@@ -76,6 +77,7 @@ class CostParams(NamedTuple):
     moe_eff: float               # fused MoE kernels (kernels.moe_experts_time_nb)
     moe_latency: float
     moe_pair: float
+    moe_ridge: float             # tile intensity cap of the fused MoE (kernels.moe_tile_fraction_nb)
     exp_inter: float             # one expert's FFN width per GPU
     gated: float
     vocab_gpu: float
@@ -95,6 +97,7 @@ class CostParams(NamedTuple):
     pp_large_bytes: float
     swap_bw: float
     swap_alpha: float
+    step_gpu: float              # GPU time per step outside the forward (engine profile)
     overhead: float              # host time per engine step (engine profile)
     overhead_seq: float          # host time per scheduled sequence per step
     host_overlap: float          # 1: host work overlaps the GPU (the step is the longer of the two)
@@ -109,6 +112,9 @@ class CostParams(NamedTuple):
     mlp_n: np.ndarray
     sh_k: np.ndarray
     sh_n: np.ndarray
+    moe_tile_keys: np.ndarray    # the fused-MoE kernel's tile per batch-size key (costmodel/moe_tiles.py);
+    moe_tile_m: np.ndarray       # empty: the kernel formula's own tile choice
+    moe_tile_n: np.ndarray
     graph_sizes: np.ndarray      # captured batch sizes (tokens), increasing
     tab_gemm: np.ndarray         # per (padded) token count m: all layers' GEMMs, elementwise kernels and
     tab_elem: np.ndarray         # all-reduces of one forward (layer_costs_nb), filled by lower()
@@ -211,6 +217,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
     mlp_k, mlp_n = [h, f / tp], [gated * f / tp, h]
     sh_k, sh_n = [], []
     experts = top_k = router_n = exp_inter = 0.0
+    tiles = (np.zeros(0), np.zeros(0), np.zeros(0), False)
     f_act = f
     if model.moe is not None:
         moe = model.moe
@@ -222,6 +229,10 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
             sh_k, sh_n = [h, fs / tp], [gated * fs / tp, h]
         experts, top_k, router_n = float(moe.num_experts), float(moe.experts_per_token), float(moe.num_experts)
         f_act = fe * moe.experts_per_token + fs
+        # the tuned Triton tiles serve 16-bit experts; vLLM 0.15.1 runs W8A8 fp8 MoE with per-channel
+        # weights through its CUTLASS grouped GEMM on Hopper (fused_moe/oracle/fp8.py), tiles not known
+        if layout.dtype in ("bf16", "fp16"):
+            tiles = tile_table(engine, hw.name, "16bit", moe.num_experts, int(round(exp_inter)))
     qk_norms = (q_width, kv_heads_per_gpu(model, tp) * model.head_dim) if model.qk_norm else ()  # Qwen3, Llama-4
     elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms, qk_norms,
                                      fused_add_norm=engine.fused_add_norm)
@@ -268,22 +279,24 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         experts=experts, top_k=top_k, router_n=router_n,
         moe_eff=fit.moe_fp8_efficiency if moe_fp8 else fit.moe_efficiency,
         moe_latency=keep * (fit.moe_fp8_latency_s if moe_fp8 else fit.moe_latency_s), moe_pair=fit.moe_pair_s,
+        moe_ridge=fit.moe_tile_ridge,
         exp_inter=exp_inter, gated=float(model.gated_mlp),
         vocab_gpu=model.vocab_size / tp,
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
         ar_custom=float(custom), ar_link_bw=hw.scaleup_bw, ar_frac=fit.allreduce_bw_fraction,
         ar_latency=keep * fit.allreduce_latency_s, ar_step=fit.allreduce_step_latency_s,
         ar_eager=fit.allreduce_eager_launch_s,
-        ar_max_bytes=engine.custom_allreduce_max_bytes,
+        ar_max_bytes=engine.allreduce_max_bytes(tp, hw),
         pp_bw=pp_link[1], pp_alpha=pp_link[2], pp_bw_large=pp_link[3], pp_large_bytes=pp_link[4],
         swap_bw=hw.pcie_bw * eff.pcie_bw_fraction, swap_alpha=eff.pcie_latency_s,
-        overhead=fit.host_step_s, overhead_seq=fit.host_per_seq_s, host_overlap=float(engine.host_overlap),
+        step_gpu=fit.step_gpu_s, overhead=fit.host_step_s, overhead_seq=fit.host_per_seq_s, host_overlap=float(engine.host_overlap),
         graph_mode=float(GRAPH_MODES[engine.cuda_graph.mode]),
         graph_max=float(graph_sizes[-1]) if graph_sizes.size else 0.0,
         launch=fit.launch_s, kernels_layer=float(kernels_layer),
         active_params_gpu=active / (tp * pp) * 1.0,
         attn_k=_arr(attn_k), attn_n=_arr(attn_n), mlp_k=_arr(mlp_k), mlp_n=_arr(mlp_n),
         sh_k=_arr(sh_k), sh_n=_arr(sh_n),
+        moe_tile_keys=_arr(tiles[0]), moe_tile_m=_arr(tiles[1]), moe_tile_n=_arr(tiles[2]),
         graph_sizes=np.ascontiguousarray(graph_sizes, dtype=np.float64),
         tab_gemm=np.zeros(0), tab_elem=np.zeros(0), tab_comm=np.zeros(0),
     )
