@@ -371,13 +371,13 @@ def diagnostics() -> list:
             L.append(f"| {ek.GPUS[key[0]]} | {key[1]} | {rate / 1e12:.2f} TB/s | {hw.hbm_bw / 1e12:.2f} TB/s | "
                      f"{rate / hw.hbm_bw:.2f} |")
     L += ["", "fp8 GEMMs: achieved fraction of the fp8 peak at m = 8192 over the (n, k) shapes with n, k >= 4096:", "",
-          "| engine | min | median | max |", "|---|---:|---:|---:|"]
-    hw = load_hardware("h100-sxm")
+          "| gpu | engine | min | median | max |", "|---|---|---:|---:|---:|"]
     for key, frame in DIAG.items():
         if len(key) == 3 and key[2] == "fp8":
+            hw = load_hardware(ek.GPUS[key[0]])      # each GPU's own fp8 peak
             s = frame[(frame["m"] == 8192) & (frame["n"] >= 4096) & (frame["k"] >= 4096)]
             frac = 2 * s["m"] * s["n"] * s["k"] / s["time_s"] / hw.peak_flops["fp8"]
-            L.append(f"| {key[1]} | {frac.min():.2f} | {frac.median():.2f} | {frac.max():.2f} |")
+            L.append(f"| {ek.GPUS[key[0]]} | {key[1]} | {frac.min():.2f} | {frac.median():.2f} | {frac.max():.2f} |")
     return L
 
 

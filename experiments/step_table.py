@@ -30,7 +30,7 @@ from servesim.config.model import list_hf_models  # noqa: E402
 
 OUT = ROOT / "experiments" / "results" / "step_table.md"
 HARDWARE = ("h100-sxm", "a100-sxm-80gb", "h200-sxm", "b200")
-TARGET = 0.10
+TARGET = sc.TARGET
 
 
 def pct(x):

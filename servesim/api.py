@@ -261,6 +261,25 @@ def _pools_part(cfg: SimConfig, out, df, meta: list[dict], summary: dict) -> dic
     return part
 
 
+def _model_error(cfg, model, hw, rc, engine_profile, summary) -> dict | None:
+    """The model-error block (``servesim/model_error.py``): the residual class of this run's model
+    family and GPU (with kernel tables of its own or not); its load class is placed when a capacity is
+    simulated (``model_error.with_capacity``)."""
+    from . import model_error as me
+    from .pools import specs_of
+    family = "moe" if model.moe is not None else "dense"
+    if rc is not None:
+        tables = hw.name in rc.engine.fits
+    else:
+        from .config import load_hardware
+        from .config.engine import load_engine
+        tables = all(s.hardware in (engine_profile or load_engine(s.engine or cfg.engine)).fits
+                     for s in specs_of(cfg) for _ in [load_hardware(s.hardware)])
+    # throughput is the engine's own figure only when the load does not set it (offline, closed loop, saturated)
+    engine_bound = bool(cfg.offline or cfg.concurrency > 0 or summary.get("saturation_verdict") == "saturated")
+    return me.model_error(summary, family=family, tables=tables, engine_bound=engine_bound)
+
+
 def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, **options) -> Result:
     """Run one serving simulation, request by request, as ``servesim simulate``.
 
@@ -355,6 +374,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
                    "arrival": arrival, "trace": trace})
     if daily:   # the window of the day sent and the delivered rate (only for daily runs)
         config["daily"] = daily_window(reqs.arrival, rate, window_s=window)
+    summary["model_error"] = _model_error(cfg, model, hw, rc, engine_profile, summary)
     summary = _clean({"config": config, **summary, **pools_part})
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})

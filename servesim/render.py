@@ -92,6 +92,29 @@ def _tci(t: dict, key: str) -> str:
     return " " + _ci(b) if b else ""
 
 
+def _model_error_lines(m: dict) -> list[str]:
+    """The model-error block: its class, its source and, with --capacity, the capacity interval."""
+    c = m["class"]
+    used = c["used"]
+    where = ("every family and load pooled: too few deployments per class" if used == {"family": "all", "load": "all"}
+             else f"{used['family']} models, load {used['load']}")
+    where += "" if c["kernel_tables"] else ", + kernel efficiencies carried over to this GPU"
+    out = [f"model error 80% intervals of the means from {m['count']} held-out runs/stages ({where}); "
+           f"a statement about the model, not the simulation (its intervals are the CI rows)"]
+    if m.get("output_tokens_per_s"):
+        lo, hi = m["output_tokens_per_s"]
+        out.append(f"            output throughput {lo:.4g}-{hi:.4g} tok/s (from {m['throughput_count']} held-out "
+                   "TensorRT-LLM maximum-throughput rows)")
+    if m.get("capacity"):
+        cap = m["capacity"]
+        lo, hi = cap["max_sustainable_rate"]
+        h_lo, h_hi = cap["capacity_headroom"]
+        out.append(f"            max sustainable rate {lo:.3g}-{hi:.3g} req/s, headroom {100 * h_lo:.0f}% to "
+                   f"{100 * h_hi:.0f}%" + (", NEAR CAPACITY: the offered load is inside the band"
+                                           if m.get("near_capacity") else ""))
+    return out
+
+
 def _verdict(s: dict) -> str:
     """SATURATED, stable or undetermined (`saturated` alone in summaries written before the verdict)."""
     v = s.get("saturation_verdict") or ("saturated" if s["saturated"] else "stable")
@@ -127,6 +150,9 @@ def summary_table(s: dict) -> str:
         lines.append(f"{label:<14}" + "".join(f"{_f(d.get(k)):>14}" for k in stats))
         if d.get("ci95"):
             lines.append(f"{'  95% CI':<14}" + "".join(f"{_ci(d['ci95'].get(k)):>14}" for k in stats))
+        me = (s.get("model_error") or {}).get(f"{key}_mean")
+        if me:
+            lines.append(f"{'  model 80%':<14}{_ci(me):>14}")
     if any("?" in line for line in lines if line.startswith("  95% CI")):
         lines.append("  (? : a bound too few requests can give; run more requests for it)")
     if s.get("stages"):
@@ -158,6 +184,8 @@ def summary_table(s: dict) -> str:
                      f"{pc['evictions']['gpu']} GPU / {pc['evictions']['cpu']} CPU blocks")
     if s.get("capacity"):
         lines.append(_capacity_line(s["capacity"]))
+    if s.get("model_error"):
+        lines += _model_error_lines(s["model_error"])
     if s.get("slo"):
         lines.append("")
         for k, v in s["slo"].items():

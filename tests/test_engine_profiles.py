@@ -60,7 +60,8 @@ def test_padded_decode_costs_as_its_captured_size():
 def test_full_graph_pays_one_launch_eager_pays_every_kernel():
     m, hw = load_model("llama-3.1-8b"), load_hardware("h100-sxm")
     eng = load_engine("vllm")
-    slow_host = with_fit_for(eng, hw, launch_s=1e-3, host_step_s=0.0, host_per_seq_s=0.0)
+    slow_host = with_fit_for(eng, hw, launch_s=1e-3, host_step_s=0.0, host_per_seq_s=0.0,
+                          step_gpu_s=0.0)
     rc = build_replica(m, hw, Layout(), max_seqs=4, engine=slow_host)   # captures up to 8 tokens
     p = rc.params
     small = iteration_components_nb(p, 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4000.0)   # 4 decodes: full graph

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -273,6 +274,7 @@ def _vals(x):
 
 SIM = "`servesim simulate` options"
 BUSY = "Busy and capacity headroom"
+MODERR = "Model-error intervals"
 CI = "Confidence intervals"
 COST = "Cost model (`servesim/costmodel`)"
 ENGINE = "Engine (`servesim/engine`)"
@@ -288,6 +290,7 @@ COSTMD = "costmodel_validation.md"
 KERN = "engine_kernels_validation.md"
 TRAINMD = "training_validation.md"
 VLLM = "vllm_validation.md"
+STEP = "step_table.md"
 
 
 def results_text(name: str) -> str:
@@ -310,6 +313,27 @@ def vllm_signed(name: str, metric: str) -> float:
     d = rows_csv("vllm_validation_rows.csv")
     d = d[(d.split == "fitted") & d.experiment.str.contains(name) & (d.metric == metric) & (d.stage == -1)]
     assert len(d) == 1, (name, metric, len(d))
+    return 100 * float(d.rel_error.iloc[0])
+
+
+@functools.cache
+def model_error_data() -> dict:
+    import json
+    return json.loads(results_text("model_error.json"))
+
+
+def step_row(gpu_table: int, cls: str, kind: str, batch: str) -> dict:
+    """A row of step_table.md's per-GPU table (0 h100-sxm, 1 a100-sxm-80gb, 2 h200-sxm, 3 b200)."""
+    hits = [r for r in md_tables(STEP)[gpu_table] if (r["class"], r["kind"], r["batch"]) == (cls, kind, batch)]
+    assert len(hits) == 1, (gpu_table, cls, kind, batch)
+    return hits[0]
+
+
+def lodo_stage(name: str, stage: int, metric: str = "e2e_mean") -> float:
+    """Signed error (%) of one deployment's load stage, left out one deployment at a time."""
+    d = rows_csv("vllm_validation_rows.csv")
+    d = d[(d.split == "lodo") & d.experiment.str.contains(name) & (d.metric == metric) & (d.stage == stage)]
+    assert len(d) == 1, (name, stage, metric, len(d))
     return 100 * float(d.rel_error.iloc[0])
 
 
@@ -368,6 +392,18 @@ FIGURES = [
     Fig(BUSY, r"reads\s+~#% far below capacity \(the default deployment at # req/s: busy #%, KV cache #%",
         lambda: (computed("default_load")["busy_pct"], 5.5, computed("default_load")["busy_pct"],
                  computed("default_load")["kv_cache_pct"]), slow=True),
+    Fig(MODERR, r"It holds #% intervals", lambda: 100 * code("servesim.model_error", "LEVEL"), EXACT),
+    Fig(MODERR, r"vLLM suite: # runs and\s+stages", lambda: len({r["key"] for r in model_error_data()["latency"]}), EXACT),
+    Fig(MODERR, r"needs\s+residuals of # deployments and the suite\s+has 13",
+        lambda: code("servesim.model_error", "MIN_CLASS"), EXACT),
+    Fig(MODERR, r"the pooled #% interval covers #% of its E2E\s+and ITL rows and #% of its TTFT rows",
+        lambda: (80, 100 * model_error_data()["coverage"]["e2e_mean"], 100 * model_error_data()["coverage"]["ttft_mean"]),
+        EXACT),
+    Fig(MODERR, r"asserts #-#%\)", lambda: (70, 90), EXACT),
+    Fig(MODERR, r"per family and\s+load class it covered #% and #%",
+        lambda: found(r"however small: e2e_mean (\d+)%, ttft_mean (\d+)%", results_text("model_error.md")), EXACT),
+    Fig(MODERR, r"prints a\s+`model #%` row", lambda: 100 * code("servesim.model_error", "LEVEL"), EXACT),
+    Fig(PLAN, r"default #%, the worst", lambda: 100 * code("servesim.model_error", "margin_default")("dense"), EXACT),
     Fig(BUSY, r"bisected to #%", lambda: 100 * code("servesim.planning.capacity", "TOL"), EXACT),
     Fig(BUSY, r"That costs #-# more\s+simulations",
         lambda: _within(computed("default_capacity")["simulations"], 5, 8), EXACT, slow=True),
@@ -450,19 +486,43 @@ FIGURES = [
     # Calibration and accuracy
     Fig(CAL, r"activation-quantisation kernel \(# us for vLLM\)", lambda: vllm_h100("gemm_fp8_latency_us")),
     Fig(CAL, r"vary from # to # of the fp8 peak",
-        lambda: (float(md_row(KERN, engine="vllm", min="0")["min"]), float(md_row(KERN, engine="vllm", min="0")["max"])),
+        lambda: (float(md_row(KERN, gpu="h100-sxm", engine="vllm", min="0.")["min"]), float(md_row(KERN, gpu="h100-sxm", engine="vllm", min="0.")["max"])),
         EXACT),
     Fig(CAL, r"reads KV faster than HBM allows \(up to #x",
         lambda: float(md_row(KERN, gpu="h100-sxm", engine="trtllm", **{"max KV read": ""})["ratio"])),
     Fig(CAL, r"# vLLM 0\.15\.1 deployments on H100 measured", n_vllm, EXACT),
     Fig(CAL, r"`graph_overlap` # of each", lambda: vllm_h100("graph_overlap"), EXACT),
-    Fig(CAL, r"`host_step_us` #, `host_per_seq_us` #,\s+`frontend_us` #",
-        lambda: (vllm_h100("host_step_us"), vllm_h100("host_per_seq_us"), vllm_h100("frontend_us")), tol=0.01),
-    Fig(CAL, r"fitted on the other # \(leave", lambda: n_vllm() - 1, EXACT),
+    Fig(CAL, r"tuned tiles \(TP 2-8\):\s+#% median on H100, #% on H200",
+        lambda: tuple(pct(md_row(KERN, gpu=g, engine="vllm", **{"class": "fused MoE bf16"},
+                                 rows="held out: Mixtral shapes, 1-512 tokens, tuned")["median"])
+                      for g in ("h100-sxm", "h200-sxm")), EXACT),
+    Fig(CAL, r"are within the #% target", lambda: 100 * code("servesim.calibrate.step_check", "TARGET"), EXACT),
+    Fig(CAL, r"decode attention at batch 1 and 8 \(-#%",
+        lambda: -float(np.mean([pct(step_row(0, "attention", "decode", b)["signed"]) for b in ("1", "8")]))),
+    Fig(CAL, r"fused MoE in mixed steps\s+\(\+#..\+#%",
+        lambda: (min(pct(step_row(0, "moe", "mixed", b)["signed"]) for b in ("1", "8", "32", "64", "128", "256")),
+                 max(pct(step_row(0, "moe", "mixed", b)["signed"]) for b in ("1", "8", "32", "64", "128", "256")))),
+    Fig(CAL, r"\(#% of an H100 step, median\)",
+        lambda: pct(next(r for r in md_tables(STEP)[4] if r["gpu"] == "h100-sxm")["elementwise share"])),
+    Fig(CAL, r"`step_gpu_us` #, GPU time", lambda: vllm_h100("step_gpu_us"), EXACT),
+    Fig(CAL, r"`host_step_us` #, `host_per_seq_us` #, CPU time",
+        lambda: (vllm_h100("host_step_us"), vllm_h100("host_per_seq_us")), EXACT),
+    Fig(CAL, r"`frontend_us` # per request", lambda: vllm_h100("frontend_us"), EXACT),
+    Fig(CAL, r"at batch # that is # ms of CPU",
+        lambda: (256, (vllm_h100("host_step_us") + 256 * vllm_h100("host_per_seq_us")) / 1000), EXACT),
+    Fig(CAL, r"stage 0 \(the lower rate\) -#% E2E, \+#% TTFT, -#% ITL; stage 1 \(the higher rate\) \+#%, \+#%, "
+             r"\+#%: beyond the \+-#% target",
+        lambda: tuple(abs(pct(md_tables(VLLM)[5][i][m])) for i in (0, 1) for m in ("E2E mean", "TTFT mean", "ITL mean"))
+        + (100 * code("servesim.calibrate.vllm_heldout", "STAGE_BIAS"),), EXACT),
+    Fig(CAL, r"codegen deployments at # req/s \(Mistral-Nemo-12B TP1 and Llama-3.1-70B TP4, \+#..\+#% E2E on that "
+             r"stage\) while the same two at # req/s are at \+#% and \+#%",
+        lambda: (10, *sorted(lodo_stage(e, 1) for e in ("63-mistral-nemo", "61-llama-3-1-70b")), 5,
+                 lodo_stage("63-mistral-nemo", 0), lodo_stage("61-llama-3-1-70b", 0)),
+        (EXACT, REL, REL, EXACT, REL, REL)),
     Fig(CAL, r"None of the # stable deployments", n_vllm, EXACT),
     Fig(CAL, r"With all # fitted", n_vllm, EXACT),
     Fig(CAL, r"E2E mean\s+#%, TTFT mean #%, ITL #%\.",
-        lambda: tuple(pct(md_tables(VLLM)[2][i]["median"]) for i in (0, 4, 3)), EXACT),
+        lambda: tuple(pct(md_tables(VLLM)[0][0][m]) for m in ("E2E mean", "TTFT mean", "ITL mean")), EXACT),
     Fig(CAL, r"Llama-2-7B \(-#% ITL at 1 req/s, -#% at 5-10 req/s",
         lambda: (-vllm_signed("67-llama-2-7b", "itl_mean"), -vllm_signed("llama-2-7b-tp1-codegen", "itl_mean"))),
     Fig(CAL, r"outputs average #% of the\s+requested length", llama2_output_share),
@@ -512,7 +572,7 @@ FIGURES = [
         lambda: (100 * (design_rate("h200-sxm", "4") / design_rate("h100-sxm", "4") - 1),
                  found(r"TP=4: [\d.]+x, TP=8: [\d.]+x the max rate.*?, ([\d.]+)x, [\d.]+x the \$", results_text(DESIGN))[0])),
     Fig(REPORT, r"\(#-# of the fp8 peak, plus an\s+activation-quantisation kernel\) fp8 weights carry #x the best bf16",
-        lambda: (float(md_row(KERN, engine="vllm", min="0")["min"]), float(md_row(KERN, engine="vllm", min="0")["max"]),
+        lambda: (float(md_row(KERN, gpu="h100-sxm", engine="vllm", min="0.")["min"]), float(md_row(KERN, gpu="h100-sxm", engine="vllm", min="0.")["max"]),
                  found(r"carry ([\d.]+)x the best bf16 rate", results_text(DESIGN))[0])),
     Fig(REPORT, r"# requests\s+per simulation, 15e12", lambda: code("servesim.report.build", "ReportSpec")().num_requests, EXACT),
     # Calibrating your own hardware: calibrate's thresholds, the validate suites
@@ -708,7 +768,7 @@ def kernels_table(rows):
             if label.startswith("fused MoE"):     # bf16 median / fp8 median
                 for dt, g in zip(("bf16", "fp8"), [c.strip() for c in cell.split("/")]):
                     if nums(g):
-                        src = md_row(KERN, gpu=gpu, engine=eng, **{"class": f"fused MoE {dt}"}, rows="held out")
+                        src = md_row(KERN, gpu=gpu, engine=eng, **{"class": f"fused MoE {dt}"}, rows="held out: 5-fold")
                         yield f"{label} {gpu} {eng} {dt}", nums(g)[0], pct(src["median"]), REL
                 continue
             cls, split = KERNEL_CLASSES[label]
@@ -717,26 +777,26 @@ def kernels_table(rows):
             yield f"{label} {gpu} {eng} p90", got[1], pct(src["p90"]), REL
 
 
+VLLM_SPLITS = {   # README row -> (table of vllm_validation.md: 0 fitted, 1 lodo, 2 stage, 3 workload, 4 family; rows)
+    "in sample": (0, "whole runs"), "leave one deployment out: whole": (1, "whole runs"),
+    "leave one deployment out: load": (1, "load stages"), "stage extrapolation": (2, "load stages"),
+    "leave one workload kind out": (3, "whole runs"), "leave one model family out": (4, "whole runs"),
+}
+
+
 def vllm_table(rows):
-    whole, stages = md_tables(VLLM)[0], md_tables(VLLM)[1]
-    by = {r["metric"]: r for r in whole}
-    st = {r["metric"]: r for r in stages}
-    tol = code("servesim.calibrate.vllm_serving", "TOLERANCE")
+    tables = md_tables(VLLM)
+    tol = code("servesim.calibrate.vllm_heldout", "TOLERANCE")["lodo"]
     for r in rows:
-        label = r[0]
-        if label.startswith("per load stage"):
-            yield "stage rows", nums(label)[0], float(st["e2e_mean"]["n"]), EXACT
-            for col, i in ((1, "median"), (2, "p90")):
-                for got, m in zip(nums(r[col]), ("e2e_mean", "ttft_mean", "itl_mean")):
-                    yield f"stage {m} {i}", got, pct(st[m][i]), REL
-            continue
-        kind, stats = label.split(" ", 1)
-        metrics = [f"{kind.lower()}_{s}" for s in stats.split(" / ")]
-        for col, i in ((1, "median"), (2, "p90")):
-            for got, m in zip(nums(r[col]), metrics):
-                yield f"{m} {i}", got, pct(by[m][i]), REL
-        if nums(r[3]):
-            yield f"{metrics[0]} tolerance", nums(r[3])[0], 100 * tol[metrics[0]], EXACT
+        key = next(k for k in VLLM_SPLITS if r[0].startswith(k))
+        t, kind = VLLM_SPLITS[key]
+        src = next(x for x in tables[t] if x["rows"] == kind)
+        yield f"{key} n", nums(r[1])[0], float(src["n"]), EXACT
+        for col, name in ((2, "E2E mean"), (3, "TTFT mean"), (4, "ITL mean"), (5, "signed E2E")):
+            got = re.search(r"[+-]?" + NUMBER, r[col]).group(0).lstrip("+")     # signed: the sign is checked too
+            yield f"{key} {name}", got, pct(src[name]), EXACT
+        for got, m in zip(nums(r[6]), ("e2e_mean", "ttft_mean", "itl_mean")):
+            yield f"{key} target {m}", got, 100 * tol[m], EXACT
 
 
 OPERATOR_ROWS = {   # README row -> (operator class, split suffix of the held-out column)
@@ -812,7 +872,7 @@ TABLES = [
     Table(TRAIN, r"\| framework \| attention", frameworks_table),
     Table(TRAIN, r"\| rows \| n \| median", training_table),
     Table(CAL, r"\| class \(held out by\)", kernels_table),
-    Table(CAL, r"\| whole runs, leave one", vllm_table),
+    Table(CAL, r"\| split: rows predicted", vllm_table),
     Table(CAL, r"\| operator class \|", operators_table),
     Table(CAL, r"\| rows \| GPU \| metric", serving_table),
 ]

@@ -45,6 +45,7 @@ from servesim.costmodel.memory import weight_bytes_per_gpu
 from servesim.costmodel.moe_tiles import pick_tile_nb
 from servesim.costmodel.params import Layout, lower
 
+TARGET = 0.10     # issue #23: every class within 10% of the tables at every batch
 CLASSES = ("gemm", "moe", "attention", "allreduce")
 # AIConfigurator folder of each servesim hardware profile that has shipped vLLM tables
 TABLE_GPUS = {v: k for k, v in ek.GPUS.items()}

@@ -133,6 +133,11 @@ def summarize(res: SuiteResult) -> dict:
             if not med <= tol:
                 out["failed"].append(f"{metric} median {100 * med:.1f}% > {100 * tol:.0f}%")
         out["checked"] = per
+        if res.kind == "vllm" and res.name == "vllm":   # the shipped suite: its held-out checks too
+            from servesim.calibrate import vllm_heldout as vh
+            held = vh.summary()
+            out["heldout"] = held
+            out["failed"] += held["failed"]
     elif not out["median"] <= res.tolerance:
         out["failed"].append(f"median {100 * out['median']:.1f}% > {100 * res.tolerance:.0f}%")
     return out

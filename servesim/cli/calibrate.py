@@ -12,6 +12,25 @@ def _echo_warnings(items) -> None:
         click.echo(f"servesim: warning: {w}", err=True)
 
 
+def _heldout_table(h: dict) -> None:
+    """Medians of the held-out splits (experiments/fit_vllm_host.py), whole runs and load stages."""
+    from ..calibrate.vllm_heldout import pct, spct
+    click.echo("  held out (refitted without the rows predicted; experiments/results/vllm_validation.md)"
+               + ("  [STALE: produced with other end-to-end values than the shipped profile]" if h["stale"] else ""))
+    click.echo(f"  {'split':<10}{'rows':<13}{'n':>4}{'E2E mean':>10}{'TTFT mean':>11}{'ITL mean':>10}{'signed E2E':>12}")
+    for split, v in h["splits"].items():
+        for label in ("whole", "stages"):
+            m = v[label]
+            if not m["n"]:
+                continue
+            click.echo(f"  {split:<10}{'whole runs' if label == 'whole' else 'load stages':<13}{m['n']:>4}"
+                       f"{pct(m['e2e_mean']):>10}{pct(m['ttft_mean']):>11}{pct(m['itl_mean']):>10}"
+                       f"{spct(m['signed_e2e_mean']):>12}")
+    for st, b in h["stage_bias"].items():
+        click.echo(f"  signed bias, load stage {st} (LODO): E2E {spct(b['e2e_mean'])}, TTFT {spct(b['ttft_mean'])}, "
+                   f"ITL {spct(b['itl_mean'])}")
+
+
 def _deployment_table(rows) -> None:
     """Per deployment and stage: measured (ms) and predicted / measured - 1 of each metric."""
     metrics = ["e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean"]
@@ -164,6 +183,8 @@ def validate(suite, user_csv, quick, check, outdir, fmt):
             for r in s["table"].itertuples():
                 click.echo(f"  {r.gpu:<16}{r.metric:<30}{r.n:>5}{_pct(r.median_rel_err):>9}{_pct(r.p90_rel_err):>9}")
             if res.kind == "vllm":
+                if s.get("heldout"):
+                    _heldout_table(s["heldout"])
                 _deployment_table(res.rows)
         if outdir:
             click.echo(f"wrote per-row tables, summary.csv and parity.png to {outdir}")

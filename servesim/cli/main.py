@@ -252,6 +252,9 @@ def simulate(fmt, outdir, capacity, **kw):
         if capacity:
             from ..planning.capacity import capacity as find_capacity
             res.summary["capacity"] = find_capacity(cfg, res.summary["config"]["rate"])
+            from ..model_error import with_capacity
+            res.summary["model_error"] = with_capacity(res.summary.get("model_error"), res.summary,
+                                                       res.summary["capacity"])
         if out is not None:
             out.write(lambda d: write_outputs(res, d))
     if fmt == "json":

@@ -179,6 +179,9 @@ def _plan_options(f):
 @click.option("--budget", "budget", default=None, type=float, help="$ per hour budget.")
 @click.option("--margin", default=0.1, show_default=True, type=float,
               help="Required headroom under every SLO target (0.1 = within 90% of it).")
+@click.option("--model-margin", default=None, type=float,
+              help="The model's own error band kept besides --margin: a value counts as (1 + this) x the simulated "
+                   "one [0, 1); default: from the held-out residuals (servesim/model_error.py).")
 @click.option("--daily-rates", default=None, help="Daily load curve: req/s per equal slot of the day, comma list; "
               "plans for the peak and reports GPU-hours per day.")
 @click.option("--exhaustive", is_flag=True, help="Simulate every (layout, replicas) point, no pruning.")
@@ -191,7 +194,7 @@ def _plan_options(f):
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write plan.json, candidates.csv and pareto.png here.")
 def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget, margin,
-         daily_rates, exhaustive, disaggregated, top, dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
+         model_margin, daily_rates, exhaustive, disaggregated, top, dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
     """Find the cheapest deployment that meets every SLO at the target load.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size / token budget), prunes with
@@ -218,7 +221,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
     spec = prepare_plan(base, hardware=hardware, dtype=dtype, tp=tp, pp=pp, max_replicas=max_replicas,
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_gpus=max_gpus,
                         budget=budget, margin=margin, daily_rates=daily_rates, exhaustive=exhaustive, prices=prices,
-                        workers=workers, disaggregated=disaggregated)
+                        workers=workers, disaggregated=disaggregated, model_margin=model_margin)
     with output_dir(outdir, "-o", "servesim plan") as od:
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             bar = _Progress(2, "plan")
@@ -242,6 +245,13 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
         raise err
 
 
+def _margin_text(b: dict) -> str:
+    if "model_margin" not in b:
+        return f"margin {100 * b['margin']:.0f}%"
+    return (f"margin {100 * b['margin']:.1f}%: SLO margin {100 * b['slo_margin']:.0f}% with the simulated values "
+            f"raised {100 * b['model_margin']:.1f}% for model error, {b['model_margin_source']}")
+
+
 def _plan_text(out, top) -> str:
     from ..planning.capacity import capacity_sentence
     lines = []
@@ -252,7 +262,7 @@ def _plan_text(out, top) -> str:
                      f"({b['num_gpus']} GPUs), ${b['usd_per_hour']:.2f}/h, "
                      f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
-                     f"SLO headroom {100 * b['headroom']:.0f}% (margin {100 * b['margin']:.0f}%)")
+                     f"SLO headroom {100 * b['headroom']:.0f}% ({_margin_text(b)})")
         lines.append("      " + capacity_sentence(b))
         ch = b["checks"]
         lines.append(f"      checks: seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"
@@ -294,7 +304,7 @@ def _pd_text(out, top) -> str:
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
                      f"KV transfer p50 {xfer.get('p50', float('nan')):.2f} ms, SLO attainment "
                      f"{100 * b['slo_attainment']:.1f}%, SLO headroom {100 * b['headroom']:.0f}% "
-                     f"(margin {100 * b['margin']:.0f}%)")
+                     f"({_margin_text(b)})")
         cp, cd = b["prefill"]["capacity_bound"], b["decode"]["capacity_bound"]
         lines.append(f"      capacity bounds: prefill {cp['tokens_per_s']:.0f} prompt tokens/s per replica -> >= "
                      f"{cp['replicas_bound']}; decode {cd['tokens_per_s']:.0f} tokens/s per replica at batch "

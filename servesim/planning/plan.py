@@ -46,6 +46,8 @@ class PlanSpec:
     max_replicas: int = 64
     budget_usd_per_hour: float | None = None
     margin: float = 0.1
+    model_margin: float = 0.0                  # the model's own error band (servesim/model_error.py)
+    model_margin_source: str = ""
     prices: dict = field(default_factory=dict)   # hardware -> $/GPU-hour overrides
     default_price: float | None = None
     exhaustive: bool = False
@@ -227,6 +229,11 @@ def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
     return c
 
 
+def effective_margin(margin: float, model_margin: float) -> float:
+    """The headroom under a target that keeps ``margin`` after the value grows by ``model_margin``."""
+    return 1.0 - (1.0 - margin) / (1.0 + model_margin)
+
+
 def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanResult:
     from ..checks import check_sim_config
     from ..config import list_hardware
@@ -241,6 +248,12 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
         raise ConfigError("plan sizes for an open-loop --rate; drop --offline / --concurrency")
     if not 0 <= spec.margin < 1:
         raise ConfigError(f"--margin must be in [0, 1), got {spec.margin}")
+    if not 0 <= spec.model_margin < 1:
+        raise ConfigError(f"--model-margin must be in [0, 1), got {spec.model_margin}")
+    # a target is met when the value, raised by the model margin, keeps the SLO margin:
+    # value (1 + model_margin) <= target (1 - margin), i.e. one effective margin on the value
+    slo_margin = spec.margin
+    spec = replace(spec, margin=effective_margin(spec.margin, spec.model_margin))
     rate = base.rate
     if spec.daily_rates:
         rate = max(rate if rate is not None else 0.0, max(spec.daily_rates))
@@ -251,7 +264,9 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     base = replace(base, rate=rate)
     if spec.disaggregated:
         from .disagg import plan_disaggregated
-        return plan_disaggregated(spec, base, rate, backend, progress)
+        res = plan_disaggregated(spec, base, rate, backend, progress)
+        _margins(res.best, slo_margin, spec)
+        return res
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
     prompt, output = _lengths(base)
@@ -322,7 +337,16 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     if best and spec.daily_rates:
         best["daily"], extra = daily_cost(best, base, spec, backend)
         n_extra += extra
+    _margins(best, slo_margin, spec)
     return PlanResult(best, candidates, why, n_sims + n_extra, space)
+
+
+def _margins(best: dict | None, slo_margin: float, spec) -> None:
+    """The chosen deployment says which margins it was chosen with."""
+    if best is None:
+        return
+    best.update(margin=spec.margin, slo_margin=slo_margin, model_margin=spec.model_margin,
+                model_margin_source=spec.model_margin_source)
 
 
 def _capacity(best, base) -> int:

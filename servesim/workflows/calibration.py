@@ -111,7 +111,8 @@ def suite_dict(res, s: dict) -> dict:
     """One suite as ``servesim validate --format json`` prints it."""
     return {"suite": res.name, "tolerance": res.metric_tolerance or res.tolerance, "pass": not s["failed"],
             "n": s["n"], "median_rel_err": s["median"], "p90_rel_err": s["p90"], "checked": s.get("checked"),
-            "groups": s["table"].to_dict(orient="records")}
+            "groups": s["table"].to_dict(orient="records"),
+            **({"heldout": {k: v for k, v in s["heldout"].items() if k != "failed"}} if "heldout" in s else {})}
 
 
 def validate_result(results) -> ValidateResult:

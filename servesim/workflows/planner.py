@@ -32,7 +32,7 @@ def check_no_pool(pool, disaggregated: bool, option: str = "--pool") -> None:
 
 def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max_replicas=64, max_num_seqs=None,
                  max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None,
-                 exhaustive=False, prices=(), workers=None, disaggregated=False):
+                 exhaustive=False, prices=(), workers=None, disaggregated=False, model_margin=None):
     """Every option of a plan checked (text as the CLI takes it) -> a `planning.plan.PlanSpec`."""
     from ..checks import check_choice, check_float, check_int, check_known_name, check_sim_config
     from ..costmodel.dtypes import WEIGHT_DTYPES
@@ -44,7 +44,16 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
     check_int(max_replicas, "--max-replicas")
     check_float(budget, "--budget", gt=0.0, none_ok=True, hint=" $/hour (omit it for no budget)")
     check_float(margin, "--margin", ge=0.0, lt=1.0)
+    check_float(model_margin, "--model-margin", ge=0.0, lt=1.0, none_ok=True,
+                hint=" (omit it for the default from the held-out residuals)")
     check_int(workers, "--workers", none_ok=True)
+    from ..config import load_model
+    from ..model_error import margin_default, margin_text
+    family = "moe" if load_model(base.model).moe is not None else "dense"
+    if model_margin is None:
+        model_margin, margin_source = margin_default(family), margin_text(family)
+    else:
+        margin_source = "given (--model-margin)"
     hw = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware is not None else ()
     if hardware is not None and not hw:
         raise ConfigError("--hardware is empty; give a comma list such as h100-sxm,a100-sxm-80gb, or omit it")
@@ -70,7 +79,7 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
                     max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
                                             else (None,)),
                     max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
-                    prices=per_hw, default_price=default_price, exhaustive=exhaustive,
+                    model_margin=float(model_margin), model_margin_source=margin_source, prices=per_hw, default_price=default_price, exhaustive=exhaustive,
                     daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else (),
                     disaggregated=bool(disaggregated))
 
@@ -101,8 +110,8 @@ def plan_error(result: PlanResult) -> InfeasibleError | None:
 
 
 def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=64, max_num_seqs=None,
-         max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None, exhaustive=False,
-         disaggregated=False, price=None, workers=None, dask_scheduler=None, dask_timeout=None, config=None,
+         max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, model_margin=None, daily_rates=None,
+         exhaustive=False, disaggregated=False, price=None, workers=None, dask_scheduler=None, dask_timeout=None, config=None,
          **options) -> PlanResult:
     """The cheapest deployment meeting every SLO at the target load, as ``servesim plan``.
 
@@ -124,6 +133,9 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
         USD per hour.
     margin : float
         Required headroom under every SLO target (0.1: within 90% of it).
+    model_margin : float, optional
+        The model's error band kept besides ``margin``: a simulated value counts as (1 + model_margin)
+        times itself; default from the held-out residuals (``servesim.model_error.margin_default``).
     daily_rates : sequence of float, optional
         A daily load curve (req/s per equal slot): plan for its peak and report GPU-hours per day.
     exhaustive : bool
@@ -170,7 +182,8 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
                         pp=as_text(pp), max_replicas=max_replicas, max_num_seqs=as_text(max_num_seqs),
                         max_num_batched_tokens=as_text(max_num_batched_tokens), max_gpus=max_gpus, budget=budget,
                         margin=margin, daily_rates=as_text(daily_rates), exhaustive=exhaustive,
-                        prices=price_items(price, base), workers=workers, disaggregated=disaggregated)
+                        prices=price_items(price, base), workers=workers, disaggregated=disaggregated,
+                        model_margin=model_margin)
     with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
         res = execute_plan(spec, be)
     err = plan_error(res)
