@@ -25,20 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from servesim.calibrate import step_check as sc  # noqa: E402
+from servesim.calibrate.vllm_heldout import pct, spct  # noqa: E402
 from servesim.config import list_models  # noqa: E402
 from servesim.config.model import list_hf_models  # noqa: E402
 
 OUT = ROOT / "experiments" / "results" / "step_table.md"
 HARDWARE = ("h100-sxm", "a100-sxm-80gb", "h200-sxm", "b200")
 TARGET = sc.TARGET
-
-
-def pct(x):
-    return "-" if not np.isfinite(x) else f"{100 * x:.1f}%"
-
-
-def spct(x):
-    return "-" if not np.isfinite(x) else f"{100 * x:+.1f}%"
 
 
 def main():

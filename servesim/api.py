@@ -267,17 +267,14 @@ def _model_error(cfg, model, hw, rc, engine_profile, summary) -> dict | None:
     simulated (``model_error.with_capacity``)."""
     from . import model_error as me
     from .pools import specs_of
-    family = "moe" if model.moe is not None else "dense"
     if rc is not None:
         tables = hw.name in rc.engine.fits
     else:
-        from .config import load_hardware
         from .config.engine import load_engine
-        tables = all(s.hardware in (engine_profile or load_engine(s.engine or cfg.engine)).fits
-                     for s in specs_of(cfg) for _ in [load_hardware(s.hardware)])
+        tables = all(s.hardware in (engine_profile or load_engine(s.engine or cfg.engine)).fits for s in specs_of(cfg))
     # throughput is the engine's own figure only when the load does not set it (offline, closed loop, saturated)
     engine_bound = bool(cfg.offline or cfg.concurrency > 0 or summary.get("saturation_verdict") == "saturated")
-    return me.model_error(summary, family=family, tables=tables, engine_bound=engine_bound)
+    return me.model_error(summary, family=me.family_of(model), tables=tables, engine_bound=engine_bound)
 
 
 def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, **options) -> Result:

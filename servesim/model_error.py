@@ -94,6 +94,24 @@ def latency_samples(family: str, load: str) -> tuple[list, dict]:
     raise AssertionError("unreachable")
 
 
+def family_of(model) -> str:
+    """The residual class of a model: "moe" or "dense"."""
+    return "moe" if model.moe is not None else "dense"
+
+
+def class_text(used: dict) -> str:
+    """The class of residuals actually used, in words."""
+    if used == {"family": "all", "load": "all"}:
+        return "every family and load pooled: too few deployments per class"
+    return f"{used['family']} models, load {used['load']}"
+
+
+def throughput_samples(data: dict, tables: bool) -> list:
+    """Throughput residuals, combined with the carry-over ones for a GPU without kernel tables."""
+    tp = data["throughput"]["samples"]
+    return tp if tables else combine(tp, data["carry_over"]["samples"])
+
+
 def model_error(summary: dict, *, family: str, tables: bool, rho: float | None = None,
                 engine_bound: bool = True) -> dict:
     """The ``model_error`` block of a simulation summary: 80% intervals of the headline means and, with a
@@ -115,15 +133,12 @@ def model_error(summary: dict, *, family: str, tables: bool, rho: float | None =
             s = combine(s, carry)
         q = quantiles(s)
         out[f"{block}_mean"] = bounds((summary.get(block) or {}).get("mean"), q)
-    tp = data["throughput"]["samples"]
-    if carry is not None:
-        tp = combine(tp, carry)
-    qt = quantiles(tp)
+    qt = quantiles(throughput_samples(data, tables))
     thr = summary.get("throughput") or {}
     out["output_tokens_per_s"] = bounds(thr.get("output_tokens_per_s"), qt) if engine_bound else None
     out["requests_per_s"] = bounds(thr.get("requests_per_s"), qt) if engine_bound else None
     out["engine_bound"] = engine_bound
-    out["throughput_count"] = len(tp) if carry is None else len(data["throughput"]["samples"])
+    out["throughput_count"] = len(data["throughput"]["samples"])
     out["capacity"] = None
     out["near_capacity"] = None
     return out
@@ -142,11 +157,7 @@ def with_capacity(block: dict, summary: dict, capacity: dict) -> dict:
     cls = block["class"]
     block = model_error(summary, family=cls["family"], tables=cls["kernel_tables"], rho=lam / top,
                         engine_bound=block.get("engine_bound", True))
-    data = residuals()
-    tp = data["throughput"]["samples"]
-    if not cls["kernel_tables"]:
-        tp = combine(tp, data["carry_over"]["samples"])
-    lo, hi = bounds(top, quantiles(tp))
+    lo, hi = bounds(top, quantiles(throughput_samples(residuals(), cls["kernel_tables"])))
     block["class"]["rho"] = lam / top
     block["capacity"] = {"max_sustainable_rate": [lo, hi],
                          "capacity_headroom": [1.0 - lam / lo, 1.0 - lam / hi]}
@@ -172,11 +183,9 @@ def margin_text(family: str) -> str:
     if residuals() is None:
         return "default 0: no model-error residuals shipped (run experiments/model_error.py)"
     _, used = latency_samples(family, "high")
-    cls = ("every family and load pooled: too few deployments per class" if used == {"family": "all", "load": "all"}
-           else f"{used['family']} models, load {used['load']}")
     return (f"default: the worst 10th-percentile under-prediction of mean E2E, TTFT or ITL in the held-out vLLM "
-            f"residuals ({cls}; experiments/results/model_error.md)")
+            f"residuals ({class_text(used)}; experiments/results/model_error.md)")
 
 
-__all__ = ["LEVEL", "bounds", "combine", "latency_samples", "load_class", "margin_default", "margin_text", "model_error",
-           "quantiles", "residuals", "with_capacity"]
+__all__ = ["LEVEL", "bounds", "class_text", "combine", "family_of", "latency_samples", "load_class", "margin_default",
+           "margin_text", "model_error", "quantiles", "residuals", "throughput_samples", "with_capacity"]

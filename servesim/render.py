@@ -94,11 +94,9 @@ def _tci(t: dict, key: str) -> str:
 
 def _model_error_lines(m: dict) -> list[str]:
     """The model-error block: its class, its source and, with --capacity, the capacity interval."""
+    from .model_error import class_text
     c = m["class"]
-    used = c["used"]
-    where = ("every family and load pooled: too few deployments per class" if used == {"family": "all", "load": "all"}
-             else f"{used['family']} models, load {used['load']}")
-    where += "" if c["kernel_tables"] else ", + kernel efficiencies carried over to this GPU"
+    where = class_text(c["used"]) + ("" if c["kernel_tables"] else ", + kernel efficiencies carried over to this GPU")
     out = [f"model error 80% intervals of the means from {m['count']} held-out runs/stages ({where}); "
            f"a statement about the model, not the simulation (its intervals are the CI rows)"]
     if m.get("output_tokens_per_s"):

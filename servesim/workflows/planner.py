@@ -48,8 +48,8 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
                 hint=" (omit it for the default from the held-out residuals)")
     check_int(workers, "--workers", none_ok=True)
     from ..config import load_model
-    from ..model_error import margin_default, margin_text
-    family = "moe" if load_model(base.model).moe is not None else "dense"
+    from ..model_error import family_of, margin_default, margin_text
+    family = family_of(load_model(base.model))
     if model_margin is None:
         model_margin, margin_source = margin_default(family), margin_text(family)
     else:
@@ -79,7 +79,8 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
                     max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
                                             else (None,)),
                     max_gpus=max_gpus, max_replicas=max_replicas, budget_usd_per_hour=budget, margin=margin,
-                    model_margin=float(model_margin), model_margin_source=margin_source, prices=per_hw, default_price=default_price, exhaustive=exhaustive,
+                    model_margin=float(model_margin), model_margin_source=margin_source, prices=per_hw,
+                    default_price=default_price, exhaustive=exhaustive,
                     daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else (),
                     disaggregated=bool(disaggregated))
 
