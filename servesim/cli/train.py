@@ -34,6 +34,11 @@ def _train_options(f):
                      help="Count the embedding as a layer in the pipeline split (Megatron's option of that name)."),
         click.option("--account-for-loss", is_flag=True,
                      help="Count the LM head and loss as a layer in the pipeline split (Megatron's option)."),
+        click.option("--pipeline-layout", default=None,
+                     help="Place the embedding (E), layers (t), MTP layers (m) and loss (L) stage by stage in "
+                          "Megatron-Core's syntax, stages in virtual-stage order separated by | (e.g. "
+                          "'Et|(tt|)*30mL' for DeepSeek-V3 on pp x vp = 32 stages), or 'auto' for the most "
+                          "balanced split."),
         click.option("--sp/--no-sp", default=False, show_default=True, help="Sequence parallelism with TP."),
         click.option("--tp-overlap", is_flag=True,
                      help="Overlap SP's all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs --sp)."),
@@ -89,8 +94,11 @@ def _render_result(d: dict) -> str:
         rc += " [auto]"
     stages = ""
     if lay.get("first_stage_layers") or lay.get("last_stage_layers") or lay.get("account_for_embedding") \
-            or lay.get("account_for_loss"):
+            or lay.get("account_for_loss") or lay.get("pipeline_layout"):
         stages = f" stages={'/'.join(str(n) for n in d.get('layers_per_rank', []))}"
+    if d.get("pipeline_layout"):
+        asked = lay.get("pipeline_layout")
+        stages += f" layout={d['pipeline_layout']}" + (" (auto)" if str(asked).lower() == "auto" else "")
     lines = [
         f"{d['model']} on {d['gpus']} x {d['hardware']} ({d['framework']}): tp={lay['tp']} pp={lay['pp']} "
         f"dp={lay['dp']} cp={lay['cp']}{' (' + lay['cp_comm'] + ')' if lay['cp'] > 1 else ''} ep={lay['ep']} "

@@ -79,11 +79,28 @@ def mfu_params(model) -> float:
     return float(n)
 
 
-def model_flops_per_token(model, seq_len: int) -> float:
+def mtp_params(model) -> float:
+    """Matmul parameters of one multi-token-prediction layer (DeepSeek-V3 sec. 2.2), active per
+    token: a layer of the last layer's kind, the 2h x h projection and the shared LM head."""
+    h = model.hidden_size
+    last = model.num_layers - 1
+    n = model.attn_params_per_layer() + 2 * h * h + model.vocab_size * h
+    if model.is_moe_layer(last):
+        m = model.moe
+        n += m.experts_per_token * model.expert_params() + model.shared_expert_params() + model.router_params()
+    else:
+        n += model.dense_mlp_params()
+    return float(n)
+
+
+def model_flops_per_token(model, seq_len: int, mtp_layers: int = 0) -> float:
     """MFU FLOPs per token: 6N + 3 x (non-causal attention) = 6N + 12 L s d_attn for d_qk = d_v
     (Kaplan et al. 2020 sec. 2.1; PaLM, Chowdhery et al. 2022, appendix B: 6N + 12LHQT).
-    Non-causal, as PaLM and Megatron-LM count it; no recomputation."""
-    return 6.0 * mfu_params(model) + 3.0 * model.num_layers * attention_core_flops(model, seq_len, causal=False)
+    Non-causal, as PaLM and Megatron-LM count it; no recomputation. MTP layers trained beside the
+    model (a pipeline layout's m) count as layers (``mtp_params``), as Megatron-Core counts them."""
+    layers = model.num_layers + mtp_layers
+    return (6.0 * (mfu_params(model) + mtp_layers * mtp_params(model))
+            + 3.0 * layers * attention_core_flops(model, seq_len, causal=False))
 
 
 def counted_flops_per_token(model, seq_len: int) -> float:

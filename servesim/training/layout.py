@@ -45,6 +45,7 @@ class TrainLayout:
     last_stage_layers: int | None = None
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    pipeline_layout: str | None = None        # Megatron-Core layout string, or "auto" (pipeline_layout.py)
     # recomputation and offloading beyond --recompute
     recompute_layers: int | None = None       # full recompute of N layers per model chunk (recompute = full)
     recompute_modules: tuple[str, ...] = ()   # selective recompute modules (default: core_attn)
@@ -206,11 +207,15 @@ def check_model_split(model, lay: TrainLayout) -> None:
                           "reduce-scatter); add --sp")
     if lay.vp > 1 and lay.pp == 1:
         raise ConfigError(f"--vp {lay.vp} needs --pp > 1 (interleaving splits pipeline stages); use --vp 1")
+    if lay.pipeline_layout is not None and lay.pp == 1:
+        raise ConfigError(f"--pipeline-layout {lay.pipeline_layout} needs --pp > 1 (it places layers on pipeline "
+                          f"stages); drop it")
     if (lay.account_for_embedding or lay.account_for_loss) and lay.pp == 1:
         raise ConfigError("--account-for-embedding / --account-for-loss need --pp > 1 (they balance pipeline "
                           "stages); drop them")
     chunks = pipeline_chunks(model, lay)
-    if any(not c.layers and not (c.embedding or c.loss) for rank in chunks for c in rank):
+    if lay.pipeline_layout is None and any(not c.layers and not (c.embedding or c.loss) for rank in chunks
+                                           for c in rank):
         raise InfeasibleError("a pipeline chunk holds no layer; use fewer --pp x --vp")
     if lay.recompute_layers is not None:
         biggest = max(len(c.layers) for rank in chunks for c in rank)

@@ -49,15 +49,19 @@ Offloaded layers (``--offload-activations N``) keep their saved tensors in host 
 layer's worth stays on the GPU as the copy buffer.
 
 Pipeline: rank r holds ``pipeline.in_flight_chunks`` chunk-micro-batches of activations (p - r
-micro-batches under 1F1B; the interleaved schedule's warm-up under --vp), which for rank 0 and
-even stages is Korthikanti's L (1 + (p - 1)/(p v)) layers. The last rank also holds one
-micro-batch's fp32 logits, 4 s b V / t.
+micro-batches under 1F1B; the interleaved schedule's warm-up under --vp, each forward counted with
+its own chunk's activations, ``pipeline.in_flight_per_chunk``), which for rank 0 and even stages is
+Korthikanti's L (1 + (p - 1)/(p v)) layers. The last rank also holds one micro-batch's fp32
+logits, 4 s b V / t (and a rank with MTP layers their logits too). An MTP layer (DeepSeek-V3 sec.
+2.2) keeps a layer of the last layer's kind plus its two normed inputs and their concatenation;
+it holds that layer's parameters and the 2h x h projection, and copies of the embedding and LM
+head where its stage does not hold them.
 """
 from __future__ import annotations
 
 from servesim.costmodel.memory import GiB
 
-from .pipeline import in_flight_chunks, pipeline_chunks
+from .pipeline import in_flight_chunks, in_flight_per_chunk, pipeline_chunks
 
 # CUDA context, NCCL buffers and the allocator's fragmentation outside the tensors counted here
 # (vLLM and PyTorch report ~0.5-1.5 GiB of such "non-torch memory" on H100; vLLM docs, "Conserving Memory")
@@ -201,6 +205,9 @@ def chunk_activation_bytes(model, lay, chunk) -> tuple[float, float, float]:
         if ("raw", kind) not in cache:
             cache[("raw", kind)] = sum(layer_activation_parts(model, lay, kind).values())
         largest = max(largest, cache[("raw", kind)])
+    if chunk.mtp:
+        kind = model.is_moe_layer(model.num_layers - 1)
+        gpu += chunk.mtp * (activation_bytes_per_layer(model, lay, kind) + 2.0 * layer_input_bytes(model, lay))
     return gpu, host, largest
 
 
@@ -211,13 +218,7 @@ def stage_params(model, lay, chunks) -> tuple[float, float, float, float]:
     big_d = big_e = 0.0
     for ch in chunks:
         for i in ch.layers:
-            d = model.attn_params_per_layer() + model.norm_params_per_layer()
-            e = 0.0
-            if model.is_moe_layer(i):
-                e = model.moe.num_experts * model.expert_params()
-                d += model.shared_expert_params() + model.router_params()
-            else:
-                d += model.dense_mlp_params()
+            d, e = _layer_params(model, i)
             dense += d
             expert += e
             if d + e > big_d + big_e:
@@ -232,7 +233,22 @@ def stage_params(model, lay, chunks) -> tuple[float, float, float, float]:
                 head += model.vocab_size * model.hidden_size  # a copy of the tied embedding (Megatron)
             dense += head
             big_d, big_e = (head, 0.0) if head > big_d + big_e else (big_d, big_e)
+        if ch.mtp:
+            d, e = _layer_params(model, model.num_layers - 1)
+            d += 2 * model.hidden_size * model.hidden_size + 2 * model.hidden_size  # projection, two norms
+            copies = (0 if ch.embedding else model.embedding_params()) + (
+                0 if ch.loss else model.vocab_size * model.hidden_size)
+            dense += ch.mtp * d + copies
+            expert += ch.mtp * e
     return dense, expert, big_d, big_e
+
+
+def _layer_params(model, i: int) -> tuple[float, float]:
+    """(dense, expert) parameters of layer i."""
+    d = model.attn_params_per_layer() + model.norm_params_per_layer()
+    if model.is_moe_layer(i):
+        return d + model.shared_expert_params() + model.router_params(), model.moe.num_experts * model.expert_params()
+    return d + model.dense_mlp_params(), 0.0
 
 
 def local_params(model, lay, rank: int = 0) -> tuple[float, float]:
@@ -268,18 +284,15 @@ def rank_memory(model, hw, lay, fw, rank: int, chunks) -> dict[str, float]:
     parts["gathered_params"] = gathered
     parts["fp8_weight_cache"] = (pd_ + pe) if (lay.dtype == "fp8" and fw.fp8_weight_cache) else 0.0
     m = lay.num_microbatches
-    flights = in_flight_chunks(lay, rank, m)
+    flights = in_flight_per_chunk(lay, rank, m)
     per_chunk = [chunk_activation_bytes(model, lay, c) for c in chunks]
-    avg_gpu = sum(x[0] for x in per_chunk) / len(per_chunk)
     largest = max(x[2] for x in per_chunk)
-    parts["activations"] = flights * avg_gpu
+    parts["activations"] = sum(f * x[0] for f, x in zip(flights, per_chunk))
     # the layer being recomputed in its backward, or the offload copy buffer
     parts["recompute_buffer"] = largest if (lay.recompute == "full" or lay.offload_layers > 0) else 0.0
-    parts["activations_offloaded_host"] = flights * sum(x[1] for x in per_chunk) / len(per_chunk)
-    logits = 0.0
-    if any(c.loss for c in chunks):
-        logits = 4.0 * (lay.seq_len / lay.cp) * lay.micro_batch * model.vocab_size / lay.tp
-    parts["logits"] = logits
+    parts["activations_offloaded_host"] = sum(f * x[1] for f, x in zip(flights, per_chunk))
+    heads = sum(int(c.loss) + c.mtp for c in chunks)
+    parts["logits"] = heads * 4.0 * (lay.seq_len / lay.cp) * lay.micro_batch * model.vocab_size / lay.tp
     parts["reserve"] = RUNTIME_RESERVE_BYTES
     parts["total"] = sum(v for k, v in parts.items() if k != "activations_offloaded_host")
     return parts
@@ -293,9 +306,8 @@ def memory_by_rank(model, hw, lay, fw=None) -> list[dict[str, float]]:
     out = []
     cache = {}
     for r, ch in enumerate(chunks):
-        key = (tuple((c.layers[0] if c.layers else -1, len(c.layers), c.embedding, c.loss) for c in ch),
-               in_flight_chunks(lay, r, lay.num_microbatches)) if model.moe is not None else (
-            tuple((len(c.layers), c.embedding, c.loss) for c in ch), in_flight_chunks(lay, r, lay.num_microbatches))
+        key = (tuple((c.layers[0] if (c.layers and model.moe is not None) else -1, len(c.layers), c.embedding,
+                      c.loss, c.mtp) for c in ch), in_flight_chunks(lay, r, lay.num_microbatches))
         if key not in cache:
             cache[key] = rank_memory(model, hw, lay, fw, r, ch)
         out.append(cache[key])

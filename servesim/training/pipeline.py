@@ -14,12 +14,18 @@ megatron/core/transformer/transformer_block.py and transformer_layer.py):
   options.
 - Virtual-stage order: chunk c of rank r is virtual stage c p + r; virtual stages hold consecutive
   layers (Narayanan et al. 2021, sec. 2.2, interleaved schedule).
+- A pipeline layout (``--pipeline-layout``, Megatron-Core's ``--pipeline-model-parallel-layout``;
+  ``pipeline_layout.py``) places every layer, the embedding, the MTP layers and the loss stage by
+  stage, in virtual-stage order; ``auto`` is the split of those units over p x v stages that
+  minimises the largest stage's forward FLOPs (``unit_flops``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from servesim.errors import ConfigError, InfeasibleError
+
+from .pipeline_layout import balanced_layout, check_stages, format_layout, parse_layout
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,7 @@ class Chunk:
     layers: tuple[int, ...]
     embedding: bool  # holds the input embedding
     loss: bool       # holds the final norm, LM head and loss
+    mtp: int = 0     # multi-token-prediction layers (a pipeline layout's m)
 
 
 def _divisors(n: int) -> str:
@@ -55,6 +62,7 @@ def _suggest(L: int, p: int, v: int) -> str:
                 tips.append(f"--last-stage-layers {last}")
                 break
     tips.append(f"a --pp x --vp dividing {L} ({_divisors(L)})")
+    tips.append("--pipeline-layout auto (the most balanced uneven split)")
     return "; or ".join(tips)
 
 
@@ -112,9 +120,68 @@ def rank_layer_counts(model, lay) -> list[int]:
     return counts
 
 
+def unit_flops(model, unit: str, layer: int, seq_len: int) -> float:
+    """Forward FLOPs per token of one layout unit: a layer (its GEMMs and causal attention), the
+    loss (LM head), an MTP layer (DeepSeek-V3 sec. 2.2: a projection of 2h -> h, a layer of the last
+    layer's kind, the shared LM head), the embedding (a lookup: none)."""
+    from .flops import attention_core_flops, gemm_flops, layer_gemms
+    h, V = model.hidden_size, model.vocab_size
+    head = 2.0 * h * V
+    if unit == "E":
+        return 0.0
+    if unit == "L":
+        return head
+    kind = model.is_moe_layer(layer if unit == "t" else model.num_layers - 1)
+    f = gemm_flops(layer_gemms(model, kind, 1.0)) + attention_core_flops(model, seq_len, causal=True)
+    if unit == "m":
+        f += 2.0 * 2 * h * h + head
+    return f
+
+
+def layout_stages(model, lay) -> list[str] | None:
+    """The layout's stages (checked; ``auto`` balanced), or None without --pipeline-layout."""
+    text = lay.pipeline_layout
+    if text is None:
+        return None
+    if lay.first_stage_layers is not None or lay.last_stage_layers is not None or lay.account_for_embedding \
+            or lay.account_for_loss:
+        raise ConfigError("--pipeline-layout places every layer itself; drop --first-stage-layers / "
+                          "--last-stage-layers / --account-for-embedding / --account-for-loss")
+    if str(text).strip().lower() == "auto":
+        units = ["E"] + ["t"] * model.num_layers + ["L"]
+        costs = [unit_flops(model, u, i - 1, lay.seq_len) for i, u in enumerate(units)]
+        stages = balanced_layout(units, costs, lay.pp * lay.vp)
+        check_stages(stages, format_layout(stages), model, lay.pp, lay.vp)
+        return stages
+    stages = parse_layout(text)
+    check_stages(stages, text, model, lay.pp, lay.vp)
+    return stages
+
+
+def layout_text(model, lay) -> str:
+    """The layout string in effect (``auto`` resolved), or "" without --pipeline-layout."""
+    stages = layout_stages(model, lay)
+    return format_layout(stages) if stages is not None else ""
+
+
+def _chunks_from_layout(stages: list[str], p: int, v: int) -> list[list[Chunk]]:
+    chunks = [[None] * v for _ in range(p)]
+    nxt = 0
+    for i, st in enumerate(stages):
+        r, c = i % p, i // p
+        n = st.count("t")
+        chunks[r][c] = Chunk(rank=r, chunk=c, layers=tuple(range(nxt, nxt + n)), embedding="E" in st,
+                             loss="L" in st, mtp=st.count("m"))
+        nxt += n
+    return chunks
+
+
 def pipeline_chunks(model, lay) -> list[list[Chunk]]:
     """For each pipeline rank, its model chunks in order (see the module docstring)."""
     p, v = lay.pp, lay.vp
+    stages = layout_stages(model, lay)
+    if stages is not None:
+        return _chunks_from_layout(stages, p, v)
     counts = rank_layer_counts(model, lay)
     uneven = lay.first_stage_layers is not None or lay.last_stage_layers is not None
     # units per (rank, chunk); the embedding and the loss occupy one unit where accounted for
@@ -145,6 +212,20 @@ def pipeline_chunks(model, lay) -> list[list[Chunk]]:
     if nxt != model.num_layers:  # pragma: no cover - guarded by rank_layer_counts
         raise InfeasibleError(f"pipeline split assigns {nxt} of {model.num_layers} layers")
     return chunks
+
+
+def in_flight_per_chunk(lay, rank: int, m: int) -> list[int]:
+    """Micro-batches of each of rank ``rank``'s chunks in flight at its peak: the warm-up forwards
+    (``in_flight_chunks``) in Megatron-Core's interleaved order, forward k running chunk
+    (k mod p v) div p (``get_model_chunk_id``); 1F1B: all on the one chunk."""
+    p, v = lay.pp, lay.vp
+    w = in_flight_chunks(lay, rank, m)
+    if v == 1:
+        return [w]
+    out = [0] * v
+    for k in range(w):
+        out[(k % (p * v)) // p] += 1
+    return out
 
 
 def in_flight_chunks(lay, rank: int, m: int) -> int:

@@ -76,7 +76,7 @@ from .framework import architecture_of, efficiency_architecture, extrapolation_n
 from .layout import TrainLayout, check_layout, resolve_layout
 from .memory import GiB, as_gib, fp8_element_bytes, layer_recompute_flags, memory_by_rank, stage_params
 from .params import FITTED, TrainingFit
-from .pipeline import pipeline_chunks
+from .pipeline import layout_text, pipeline_chunks
 
 BYTES_16 = 2.0
 ATTN_TILE = 128.0  # key/query block of FlashAttention-2/3 kernels (Dao 2023; Shah et al. 2024)
@@ -380,12 +380,31 @@ def _rank_times(model, hw, lay, k: _Kern, chunks, cache: dict) -> dict:
             tokens = lay.micro_batch * lay.seq_len / lay.cp
             tot["compute_f"] += k.elementwise(BYTES_16 * 2.0 * tokens * model.hidden_size, 1)
             tot["compute_b"] += k.elementwise(BYTES_16 * 3.0 * tokens * model.hidden_size, 1)
-        if ch.loss:
-            tokens = lay.micro_batch * lay.seq_len / lay.cp
+        tokens = lay.micro_batch * lay.seq_len / lay.cp
+        heads = int(ch.loss) + ch.mtp
+        if heads:
             head = k.gemms([(1, tokens, model.hidden_size, model.vocab_size / lay.tp)], fp8=k.fw.fp8_lm_head)
             xent = k.elementwise(3.0 * 4.0 * tokens * model.vocab_size / lay.tp, 4)
-            tot["compute_f"] += head + xent
-            tot["compute_b"] += 2.0 * head + xent
+            tot["compute_f"] += heads * (head + xent)
+            tot["compute_b"] += heads * (2.0 * head + xent)
+        if ch.mtp:
+            # DeepSeek-V3 sec. 2.2: embed the shifted tokens, norm both inputs, project 2h -> h, then a
+            # layer of the last layer's kind (its LM head and loss are counted above)
+            kind = model.is_moe_layer(model.num_layers - 1)
+            if kind not in cache:
+                cache[kind] = _layer_times(model, hw, lay, k, kind)
+            lt = cache[kind]
+            h = model.hidden_size
+            proj = k.gemms([(1, tokens, 2 * h, h)], fp8=True)
+            extra = k.elementwise(BYTES_16 * 6.0 * tokens * h, 3)
+            n_layers += ch.mtp
+            tot["compute_f"] += ch.mtp * (lt["compute_f"] + proj + extra)
+            tot["compute_b"] += ch.mtp * (lt["compute_b"] + 2.0 * proj + 2.0 * extra)
+            tot["tp"] += ch.mtp * lt["tp"]
+            tot["ep"] += ch.mtp * lt["ep"]
+            tot["cp"] += ch.mtp * lt["cp"]
+            tot["cast"] += ch.mtp * lt["cast"]
+            tot["recompute"] += ch.mtp * (lt["full"] - lt["full_comm"] if lay.recompute == "full" else lt["selective"])
     tot["layers"] = n_layers
     tot["layer_f"] = tot["compute_f"] / max(1, n_layers)
     tot["layer_b"] = tot["compute_b"] / max(1, n_layers)
@@ -544,8 +563,8 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
     rank_cache: dict = {}
     ranks = []
     for ch in chunks:
-        key = (tuple((c.layers[0] if (c.layers and model.moe is not None) else -1, len(c.layers), c.embedding, c.loss)
-                     for c in ch))
+        key = (tuple((c.layers[0] if (c.layers and model.moe is not None) else -1, len(c.layers), c.embedding, c.loss,
+                      c.mtp) for c in ch))
         if key not in rank_cache:
             rank_cache[key] = _rank_times(model, hw, lay, k, ch, cache)
         ranks.append(rank_cache[key])
@@ -583,7 +602,8 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
     }
     step = sum(v_ for key, v_ in breakdown.items() if key != "recompute")
     tokens_step = lay.global_batch * lay.seq_len
-    mf = model_flops_per_token(model, lay.seq_len)
+    mtp = sum(c.mtp for rank in chunks for c in rank)
+    mf = model_flops_per_token(model, lay.seq_len, mtp_layers=mtp)
     mfu = mf * tokens_step / step / (lay.gpus * hw.peak_flops["bf16"])
     mfu8 = None
     if lay.dtype == "fp8":
@@ -601,14 +621,14 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
         extra={"device_bytes": hw.device_bytes, "num_microbatches": m, "stage_time_s": t_stage,
                "slowest_rank": slow, "mfu_fp8_peak": mfu8, "framework": fw.name,
                "recompute_asked": asked, "extrapolation": extrapolation_note(hw),
-               "stage_times_s": [r["total"] for r in ranks],
+               "stage_times_s": [r["total"] for r in ranks], "pipeline_layout": layout_text(model, lay),
                "layers_per_rank": [sum(len(c.layers) for c in ch) for ch in chunks]},
     )
 
 
 def _recompute_flops_fraction(model, lay) -> float:
     """Recomputed FLOPs as a fraction of model FLOPs (same non-causal convention as MFU)."""
-    mf = model_flops_per_token(model, lay.seq_len)
+    mf = model_flops_per_token(model, lay.seq_len, mtp_layers=sum(c.mtp for r in pipeline_chunks(model, lay) for c in r))
     per_layer_attn = attention_core_flops(model, lay.seq_len, causal=False)
     chunks = pipeline_chunks(model, lay)
     rec = 0.0

@@ -10,7 +10,7 @@ from .results import CompareResult, TrainingResult
 # the layout keywords of `train` and their defaults (those of ``servesim train``; a test keeps them equal)
 LAYOUT_DEFAULTS = dict(
     framework="megatron", tp=1, pp=1, dp=None, cp=1, cp_comm="ring", ep=1, vp=1, first_stage_layers=None,
-    last_stage_layers=None, account_for_embedding=False, account_for_loss=False, sp=False, tp_overlap=False,
+    last_stage_layers=None, account_for_embedding=False, account_for_loss=False, pipeline_layout=None, sp=False, tp_overlap=False,
     zero=None, dp_overlap=None, fsdp_prefetch=None, fsdp_param_bytes=None, recompute="selective",
     recompute_layers=None, recompute_modules=None, offload_activations=None, dtype="bf16", fp8_recipe=None,
     attention=None, dropout=False, seq_len=4096, micro_batch=1, global_batch=256)
@@ -92,7 +92,8 @@ def base_layout(kw: dict, dp: int = 1):
                        dtype=kw["dtype"], seq_len=kw["seq_len"], micro_batch=kw["micro_batch"],
                        global_batch=kw["global_batch"], first_stage_layers=kw["first_stage_layers"],
                        last_stage_layers=kw["last_stage_layers"], account_for_embedding=kw["account_for_embedding"],
-                       account_for_loss=kw["account_for_loss"], recompute_layers=kw["recompute_layers"],
+                       account_for_loss=kw["account_for_loss"], pipeline_layout=kw["pipeline_layout"],
+                       recompute_layers=kw["recompute_layers"],
                        recompute_modules=_modules(kw["recompute_modules"]),
                        offload_layers=_offload(kw["offload_activations"]), cp_comm=kw["cp_comm"],
                        framework=kw["framework"], fp8_recipe=kw["fp8_recipe"], attention=kw["attention"],
@@ -128,6 +129,7 @@ def result_dict(res) -> dict:
     d["global_batch_microbatches"] = res.extra["num_microbatches"]
     d["recompute_asked"] = res.extra.get("recompute_asked")
     d["layers_per_rank"] = res.extra.get("layers_per_rank", [])
+    d["pipeline_layout"] = res.extra.get("pipeline_layout", "")
     return d
 
 
