@@ -10,7 +10,7 @@ import pandas as pd
 
 from .config import load_hardware, load_model
 from .costmodel import Layout, build_replica
-from .config.engine import load_engine, with_fit_for
+from .config.engine import load_engine, replica_provenance, with_fit_for
 from .engine.budget import check_run_memory
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
@@ -239,6 +239,7 @@ def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profi
              "usd_per_hour": lp.spec.gpus * lp.usd_per_gpu_hour, "kv_blocks_per_replica": lp.num_blocks,
              "cpu_blocks_per_replica": lp.cpu_blocks, "engine": lp.cost.engine.name, "dtype": lp.cost.layout.dtype,
              "engine_fit": lp.cost.engine.fit_for(lp.cost.hw).note or "given in memory",
+             "fit": replica_provenance(lp.cost),
              "weights_gib_per_gpu": lp.cost.memory.weight_bytes / 2**30}
             for k, lp in enumerate(lowered)]
     config_extra = {"num_gpus": n_gpus, "pools": meta}
@@ -251,7 +252,7 @@ def _pools_part(cfg: SimConfig, out, df, meta: list[dict], summary: dict) -> dic
     from .metrics import kv_transfer_summary, pools_summary, prefix_cache_summary
     pools = pools_summary(df, out, meta, warmup=cfg.warmup)
     for item, m in zip(pools, meta):
-        item |= {k: m[k] for k in ("engine", "dtype", "cpu_blocks_per_replica", "engine_fit", "weights_gib_per_gpu")}
+        item |= {k: m[k] for k in ("engine", "dtype", "cpu_blocks_per_replica", "engine_fit", "fit", "weights_gib_per_gpu")}
     summary["utilization"]["kv_cache_max"] = max(p["kv_max"] for p in pools)
     part = {"pools": pools}
     if cfg.prefix_caching:
@@ -357,6 +358,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
                             peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
                             num_blocks=ecfg.num_blocks)
         config_extra = {"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
+                        "fit": replica_provenance(rc),
                         "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
                         "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
                         "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30}

@@ -113,6 +113,18 @@ def _model_error_lines(m: dict) -> list[str]:
     return out
 
 
+def _fit_lines(s: dict) -> list[str]:
+    """Where the efficiencies come from (`config.engine.provenance`): one line, or one per pool whose
+    hardware or engine differs; summaries written before it have none."""
+    c = s["config"]
+    fits = [c["fit"]] if c.get("fit") else []
+    for p in s.get("pools") or ():
+        if p.get("fit") and p["fit"] not in fits:
+            fits.append(p["fit"])
+    return [f"{'fit' if k == 0 else '':<10}{f['text']}" + ("" if f["measured"] else "  [BORROWED]")
+            for k, f in enumerate(fits)]
+
+
 def _verdict(s: dict) -> str:
     """SATURATED, stable or undetermined (`saturated` alone in summaries written before the verdict)."""
     v = s.get("saturation_verdict") or ("saturated" if s["saturated"] else "stable")
@@ -137,6 +149,7 @@ def summary_table(s: dict) -> str:
     ]
     if s.get("saturation_verdict", "stable") != "stable" and s.get("saturation_reason"):
         lines.append(f"          {_verdict(s)}: {s['saturation_reason']}")
+    lines += _fit_lines(s)
     lines += [
         "",
         f"{'latency (ms)':<14}{'mean':>14}{'p50':>14}{'p90':>14}{'p95':>14}{'p99':>14}",

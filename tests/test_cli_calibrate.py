@@ -31,7 +31,7 @@ def test_native_fit_recovers_parameters_and_writes_loadable_profile(tmp_path):
     assert e.hbm_fraction == pytest.approx(0.90, abs=0.03)
     assert e.elementwise_latency_s == pytest.approx(5.2e-6, abs=0.5e-6)
     assert e.scaleup_bw_fraction == pytest.approx(0.75, abs=0.05)
-    assert hw.name == "my-h100" and hw.efficiency_from == ""
+    assert hw.name == "my-h100" and hw.own_efficiency and hw.efficiency_from == "h100-sxm"   # engine fits named
     assert "servesim calibrate" in e.fit_source and "native_h100.csv" in e.fit_source
     assert hw.peak_flops == load_hardware("h100-sxm").peak_flops
     rep = tmp_path / "my-h100-fit"

@@ -270,9 +270,13 @@ def test_efficiency_from_unknown(tmp_path):
     assert "key 'efficiency_from' names unknown profile 'h900'" in msg
 
 
-def test_efficiency_from_with_own_block(tmp_path):
-    msg = _error(_variant(tmp_path, "bad-both", set_={"efficiency_from": '"a100-sxm-80gb"'}))
-    assert "key 'efficiency' must be absent" in msg
+def test_efficiency_from_with_own_block_names_the_engine_fits_only(tmp_path):
+    # own [efficiency] kept (measured); efficiency_from names where the engine tables come from (issue #25)
+    hw = load_hardware(str(_variant(tmp_path, "both", set_={"efficiency_from": '"a100-sxm-80gb"', "gemm_max": "0.5"})))
+    assert hw.own_efficiency and hw.efficiency.gemm_max == 0.5 and hw.efficiency_from == "a100-sxm-80gb"
+    assert not load_hardware("h200-sxm").own_efficiency and load_hardware("h100-sxm").own_efficiency
+    msg = _error(_variant(tmp_path, "both-typo", set_={"efficiency_from": '"h100-sxn"'}))
+    assert "key 'efficiency_from' names unknown profile 'h100-sxn'" in msg
 
 
 def test_efficiency_block_missing(tmp_path):

@@ -68,6 +68,8 @@ from servesim.calibrate import engine_fit as ef
 from servesim.calibrate import operators as ops
 from servesim.calibrate import serving as srv
 from servesim.calibrate.profile_io import EFFICIENCY_FILE_KEYS, derived_profile
+from servesim.config.hardware import source_file
+from servesim.paths import hardware_dir
 from servesim.errors import ConfigError
 
 PLAUSIBLE_OVER_PEAK = 1.2    # a measurement faster than 1.2 x the datasheet peak is a unit error
@@ -783,12 +785,27 @@ def profile_text(result: FitResult, output, report_dir=None) -> str:
     output = Path(output)
     hw = load_hardware(result.base_path)
     rep = Path(report_dir) if report_dir else default_report_dir(output)
-    text = derived_profile(hw, output.stem, result.values, fit_source(result, rep))
+    source = engine_fit_source_of(hw, output)
+    text = derived_profile(hw, output.stem, result.values, fit_source(result, rep), source)
     with tempfile.TemporaryDirectory() as tmp:
         trial = Path(tmp) / f"{output.stem}.toml"
         trial.write_text(text)
+        found = source_file(source, output) if source else None
+        if found is not None and found.parent != hardware_dir():    # a sibling of the output: beside the trial too
+            (Path(tmp) / found.name).write_text(found.read_text())
         load_hardware(str(trial))
     return text
+
+
+def engine_fit_source_of(base, output: Path) -> str:
+    """The profile a calibrated copy of ``base`` written to ``output`` borrows its engine fits from: the
+    base itself, else the profile the base borrows from, the first whose file is found from the
+    output's folder ("" when none is)."""
+    from servesim.config.hardware import borrow_chain
+    for name in [base.name] + borrow_chain(base):
+        if name != Path(output).stem and source_file(name, output) is not None:
+            return name
+    return ""
 
 
 def engine_text(result: FitResult, report_dir) -> str:

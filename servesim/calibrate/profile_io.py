@@ -99,17 +99,24 @@ def efficiency_table(efficiency) -> str:
     return "\n".join(lines) + "\n"
 
 
-def derived_profile(base, name: str, values: dict, fit_source: str) -> str:
+def derived_profile(base, name: str, values: dict, fit_source: str, engine_fit_from: str = "") -> str:
     """Text of a new profile: a copy of ``base`` (a loaded HardwareProfile) named ``name``, carrying its
-    own [efficiency] (``efficiency_from = ""``) with ``values`` (file units) and ``fit_source``."""
+    own [efficiency] with ``values`` (file units) and ``fit_source``; its ``efficiency_from`` names
+    ``engine_fit_from``, the profile whose engine tables it uses ("": none, an engine needs a table for
+    ``name``)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"profile name {name!r}: use letters, digits, '.', '_' and '-' only")
     text = Path(base.path).read_text()
     text, n = re.subn(r'^name\s*=\s*"[^"\n]*"', lambda _: f'name = "{name}"', text, count=1, flags=re.M)
     if n != 1:
         raise ConfigError(f"{base.path}: no name line")
-    text = re.sub(r'^efficiency_from\s*=\s*"[^"\n]*"[^\n]*', lambda _: 'efficiency_from = ""  # fitted by servesim calibrate (see fit_source)',
-                  text, count=1, flags=re.M)
+    line = (f'efficiency_from = "{engine_fit_from}"  # [efficiency] fitted by servesim calibrate (see fit_source); '
+            f'engine fits borrowed from {engine_fit_from} (a [hardware.{name}] table of an engine overrides; "" '
+            'to borrow none)' if engine_fit_from else
+            'efficiency_from = ""  # fitted by servesim calibrate (see fit_source); engines need a '
+            f'[hardware.{name}] table')
+    text = re.sub(r'^\[efficiency\][^\n]*', '[efficiency]', text, count=1, flags=re.M)
+    text = re.sub(r'^efficiency_from\s*=\s*"[^"\n]*"[^\n]*', lambda _: line, text, count=1, flags=re.M)
     if not re.search(r"^\[efficiency\]", text, flags=re.M):
         text = text.rstrip("\n") + "\n\n" + efficiency_table(base.efficiency)
     return update_profile(Path(base.path), values, fit_source, text=text, keep_previous=False)

@@ -188,13 +188,17 @@ def _plan_options(f):
 @click.option("--disaggregated", is_flag=True,
               help="Search prefill/decode pools: per-role hardware (--hardware), TP (--tp) and replica counts from "
                    "a capacity bound per role; the answer is two --pool specs.")
+@click.option("--require-measured", is_flag=True,
+              help="Leave out layouts resting on borrowed fits: hardware efficiencies or an engine table taken "
+                   "from another GPU, or terms of it carried over (the fit column says which).")
 @click.option("--top", default=15, show_default=True, type=int, help="Rows of the ranked table.")
 @_backend_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write plan.json, candidates.csv and pareto.png here.")
 def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget, margin,
-         model_margin, daily_rates, exhaustive, disaggregated, top, dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
+         model_margin, daily_rates, exhaustive, disaggregated, require_measured, top, dask_scheduler, dask_timeout,
+         workers, fmt, outdir, prices, **kw):
     """Find the cheapest deployment that meets every SLO at the target load.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size / token budget), prunes with
@@ -221,7 +225,8 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
     spec = prepare_plan(base, hardware=hardware, dtype=dtype, tp=tp, pp=pp, max_replicas=max_replicas,
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_gpus=max_gpus,
                         budget=budget, margin=margin, daily_rates=daily_rates, exhaustive=exhaustive, prices=prices,
-                        workers=workers, disaggregated=disaggregated, model_margin=model_margin)
+                        workers=workers, disaggregated=disaggregated, model_margin=model_margin,
+                        require_measured=require_measured)
     with output_dir(outdir, "-o", "servesim plan") as od:
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             bar = _Progress(2, "plan")
@@ -252,6 +257,13 @@ def _margin_text(b: dict) -> str:
             f"raised {100 * b['model_margin']:.1f}% for model error, {b['model_margin_source']}")
 
 
+def _fit_text(b: dict) -> str:
+    """Whether the chosen deployment rests on measured or borrowed fits, and which."""
+    if b.get("fit") == "measured":
+        return f"fit: measured ({b['fit_note']})"
+    return (f"fit: BORROWED ({b.get('fit_note')}); --require-measured leaves such layouts out")
+
+
 def _plan_text(out, top) -> str:
     from ..planning.capacity import capacity_sentence
     lines = []
@@ -264,6 +276,7 @@ def _plan_text(out, top) -> str:
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
                      f"SLO headroom {100 * b['headroom']:.0f}% ({_margin_text(b)})")
         lines.append("      " + capacity_sentence(b))
+        lines.append("      " + _fit_text(b))
         ch = b["checks"]
         lines.append(f"      checks: seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"
                      + (f"; {ch['one_replica_fewer']['replicas']} replicas meets: {ch['one_replica_fewer']['meets_slo']}"
@@ -276,7 +289,8 @@ def _plan_text(out, top) -> str:
         lines.append(f"no plan: {out['why_not']}")
     lines.append(f"searched {out['search_space']} (layout x replicas) points with {out['simulations']} simulations")
     lines.append("")
-    rows = [["hardware", "dtype", "TP", "PP", "repl", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "status"]]
+    rows = [["hardware", "dtype", "TP", "PP", "repl", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "fit",
+             "status"]]
 
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
@@ -284,7 +298,7 @@ def _plan_text(out, top) -> str:
         rows.append([c["hardware"], c["dtype"], str(c["tp"]), str(c["pp"]), f(c.get("replicas"), "{}"),
                      f(c.get("num_gpus"), "{}"), f(c.get("usd_per_hour"), "{:.2f}"),
                      f(c.get("usd_per_million_output_tokens"), "{:.3f}"), f(c.get("ttft_ms_p99"), "{:.1f}"),
-                     f(c.get("tpot_ms_p99"), "{:.1f}"), c["status"]])
+                     f(c.get("tpot_ms_p99"), "{:.1f}"), c.get("fit") or "-", c["status"]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)
@@ -310,6 +324,7 @@ def _pd_text(out, top) -> str:
                      f"{cp['replicas_bound']}; decode {cd['tokens_per_s']:.0f} tokens/s per replica at batch "
                      f"{cd['batch_bound']} ({cd['batch_limited_by']}-bound) -> >= {cd['replicas_bound']}")
         lines.append("      " + capacity_sentence(b))
+        lines.append("      " + _fit_text(b))
         ch = b["checks"]
         parts = [f"seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"]
         for key, role in (("one_prefill_replica_fewer", "prefill"), ("one_decode_replica_fewer", "decode")):
@@ -320,7 +335,8 @@ def _pd_text(out, top) -> str:
         lines.append(f"no plan: {out['why_not']}")
     lines.append(f"searched {out['search_space']} P:D candidates with {out['simulations']} simulations")
     lines.append("")
-    rows = [["prefill", "decode", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "SLO att", "xfer p50", "status"]]
+    rows = [["prefill", "decode", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "SLO att", "xfer p50", "fit",
+             "status"]]
 
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
@@ -338,7 +354,7 @@ def _pd_text(out, top) -> str:
                      f(c.get("usd_per_million_output_tokens"), "{:.3f}"), f(c.get("ttft_ms_p99"), "{:.1f}"),
                      f(c.get("tpot_ms_p99"), "{:.1f}"),
                      f(None if c.get("slo_attainment") is None else 100 * c["slo_attainment"], "{:.1f}%"),
-                     f(c.get("kv_transfer_ms_p50"), "{:.2f}"), c["status"]])
+                     f(c.get("kv_transfer_ms_p50"), "{:.2f}"), c.get("fit") or "-", c["status"]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)

@@ -164,6 +164,9 @@ class EngineFit:
     fit_source: str
     fitted_on: str                   # the hardware profile whose table this is
     note: str = ""                   # how it applies to the hardware at hand (fitted / borrowed)
+    borrowed_from: str = ""          # the profile whose table a GPU without its own uses ("": its own)
+    borrowed_keys: tuple = ()        # keys the table took from another of the profile's tables ...
+    keys_from: str = ""              # ... named by its efficiency_from
 
 
 @dataclass(frozen=True)
@@ -192,40 +195,91 @@ class EngineProfile:
         return by_tp.get(int(tp), self.custom_allreduce_max_bytes)
 
     def fit_for(self, hw) -> EngineFit:
-        """This engine's fit for hardware ``hw``: its own table, else that of the hardware it borrows
-        its efficiencies from (``efficiency_from``), marked as borrowed. ``note`` says which terms are
-        fitted on this GPU and which are carried over (``_terms``)."""
-        if hw.name in self.fits:
-            fit = self.fits[hw.name]
+        """This engine's fit for hardware ``hw``: its own table, else that of the profile ``hw`` names
+        in ``efficiency_from`` (followed on: b200 -> h100-sxm), marked as borrowed. A profile naming
+        none, or none with a table, is a ConfigError naming the keys and the command that fits them:
+        another GPU's table is never used unnamed. ``note`` says which terms are fitted on this GPU
+        and which are carried over (``_terms``)."""
+        fit = self.fits.get(hw.name)
+        if fit is not None and fit.fitted_on == hw.name:
             return dataclasses.replace(fit, note=f"fitted on {hw.name}" + _terms(fit))
-        base = hw.efficiency_from
-        if base and base in self.fits:
-            return dataclasses.replace(
-                self.fits[base], note=f"no {self.name} fit for {hw.name}: {base}'s fit, priced with "
-                                      f"{hw.name}'s datasheet peaks and bandwidths (kernel efficiencies carried "
-                                      f"over as fractions of them)" + _terms(self.fits[base]))
-        if not self.fits:
-            raise ConfigError(f"{display_path(self.path)}: no [hardware.<profile>] table; add one for "
-                              f"{hw.name} (see engines/README.md)")
-        first = sorted(self.fits)[0]
+        base = fit.fitted_on if fit is not None else None     # a borrowed fit with fields replaced
+        if base is None:
+            from .hardware import borrow_chain
+            chain = borrow_chain(hw)
+            base = next((name for name in chain if name in self.fits), None)
+            if base is None:
+                raise ConfigError(_no_fit_message(self, hw, chain))
+            fit = self.fits[base]
         return dataclasses.replace(
-            self.fits[first], note=f"no {self.name} fit for {hw.name} or {base or 'its architecture'}: "
-                                   f"{first}'s fit, priced with {hw.name}'s datasheet" + _terms(self.fits[first]))
+            fit, borrowed_from=base,
+            note=f"no {self.name} fit for {hw.name}: {base}'s fit (borrowed: efficiency_from), priced with "
+                 f"{hw.name}'s datasheet peaks and bandwidths (kernel efficiencies carried over as "
+                 f"fractions of them)" + _terms(fit))
+
+
+def _no_fit_message(engine: EngineProfile, hw, chain: list[str]) -> str:
+    """One line: which table is missing, the command that fits it, and how to borrow one by name."""
+    named = f"names {', '.join(chain)} in efficiency_from, without a table there" if chain else \
+        "names no profile to borrow from (efficiency_from = \"\")"
+    eng_arg = engine.name if engine.path.parent == engines_dir() else display_path(engine.path)
+    return (f"--engine {eng_arg}: no [hardware.{hw.name}] table of fitted keys ({FIT_KEYS[0][0]} ... "
+            f"{FIT_KEYS[-1][0]}) and hardware {hw.name} {named}; fit one with `servesim calibrate --profile "
+            f"{_hw_arg(hw)} --aiconfigurator DIR --engine {eng_arg} --engine-output FILE.toml` (then --serving "
+            f"bench.json for the end-to-end keys), or borrow a GPU's fit by name: efficiency_from = "
+            f"\"h100-sxm\" in {display_path(hw.path)} (tables: {', '.join(sorted(engine.fits)) or 'none'})")
+
+
+def _hw_arg(hw) -> str:
+    from servesim.paths import hardware_dir
+    return hw.name if Path(hw.path).parent == hardware_dir() else display_path(hw.path)
 
 
 def _terms(fit: EngineFit) -> str:
-    """'' when every term of a table was fitted on its own GPU; else which were carried over, read from
-    its fit_source (the fit scripts write 'h100-sxm's values' / 'carried over' / "vLLM's values" there)."""
+    """'' when every term of a table was fitted on its own GPU; else '; ' and which were carried over."""
+    carried = carried_terms(fit)
+    return "; " + "; ".join(carried) if carried else ""
+
+
+def carried_terms(fit: EngineFit, moe: bool = True) -> list[str]:
+    """The terms of a table not fitted on its own GPU, read from its ``borrowed_keys`` and its
+    fit_source (the fit scripts write 'h100-sxm's values' / 'carried over' / "vLLM's values" there);
+    the fused-MoE ones only when ``moe``."""
     src = fit.fit_source
     carried = []
+    if fit.borrowed_keys:
+        carried.append(f"{', '.join(fit.borrowed_keys)} from {fit.keys_from}'s table (efficiency_from)")
     if "h100-sxm's end-to-end fit carried over" in src or "h100-sxm's values" in src or "vLLM's" in src:
         carried.append("end-to-end terms (graph_overlap, step and host time, frontend) carried over from "
                        + ("vLLM's h100-sxm fit" if "vLLM's" in src else "h100-sxm"))
-    if "moe keys: h100-sxm's" in src:
+    if "moe keys: h100-sxm's" in src and moe:
         carried.append("fused-MoE efficiencies h100-sxm's")
     if "launch_us: h100-sxm's" in src:
         carried.append("launch_us h100-sxm's")
-    return "; " + "; ".join(carried) if carried else ""
+    return carried
+
+
+def replica_provenance(rc) -> dict:
+    """`provenance` of a lowered replica (``costmodel.ReplicaCost``: its engine, hardware and model)."""
+    return provenance(rc.engine, rc.hw, moe=getattr(rc.model, "moe", None) is not None)
+
+
+def provenance(engine: EngineProfile, hw, moe: bool = True) -> dict:
+    """Where a run's efficiencies come from, for the summary (``config.fit``) and ``plan``:
+    ``hardware``: "measured" (the profile's own [efficiency]) or "borrowed from X (datasheet
+    extrapolation)"; ``engine``: "fitted on X" or "borrowed from X (datasheet extrapolation)";
+    ``carried``: terms of the table not fitted on its GPU; ``measured``: none of it borrowed.
+    ``moe``: count the fused-MoE terms (a MoE model)."""
+    fit = engine.fit_for(hw)
+    extrapolated = f"datasheet extrapolation to {hw.name}"
+    hw_src = "measured" if hw.own_efficiency else f"borrowed from {hw.efficiency_from} ({extrapolated})"
+    eng = (f"borrowed from {fit.borrowed_from} ({extrapolated})" if fit.borrowed_from
+           else f"fitted on {hw.name}")
+    carried = carried_terms(fit, moe)
+    return {"hardware": hw_src, "engine": eng, "carried": carried,
+            "measured": bool(hw.own_efficiency and not fit.borrowed_from and not carried),
+            "text": f"{hw.name} efficiencies {hw_src}; {engine.name} kernels {eng}"
+                    + "".join(f"; {c}" for c in carried)}
 
 
 def with_fit_for(engine: EngineProfile, hw, **overrides) -> EngineProfile:
@@ -320,9 +374,8 @@ def _load_file(path: Path) -> EngineProfile:
     h.expect_keys(_HOST_KEYS)
 
     hw_table = top.table("hardware")
-    fits = {}
-    for hw_name in hw_table.data:
-        fits[hw_name] = _read_fit(hw_table.table(hw_name), hw_name)
+    tables = {hw_name: hw_table.table(hw_name) for hw_name in hw_table.data}
+    fits = {hw_name: _read_fit(t, hw_name, tables, name) for hw_name, t in tables.items()}
 
     return EngineProfile(
         name=name, description=top.str("description", nonempty=True), version=top.str("version", nonempty=True),
@@ -333,20 +386,61 @@ def _load_file(path: Path) -> EngineProfile:
     )
 
 
-def _read_fit(t: Table, hw_name: str) -> EngineFit:
-    t.expect_keys(["fit_source"] + [key for key, _, _ in FIT_KEYS if key not in _OPTIONAL_FIT], _OPTIONAL_FIT)
-    values: dict[str, object] = {"fit_source": t.str("fit_source", nonempty=True), "fitted_on": hw_name}
+def _read_fit(t: Table, hw_name: str, tables: dict, engine: str) -> EngineFit:
+    """One ``[hardware.<gpu>]`` table. A fitted key it lacks is an error naming the key and the
+    ``servesim calibrate`` input that fits it, unless the table names another of the profile's tables
+    to take it from (``efficiency_from = "h100-sxm"``; that table must be complete), which the fit's
+    note then lists."""
+    keys = [key for key, _, _ in FIT_KEYS if key not in _OPTIONAL_FIT]
+    t.expect_keys([], ["fit_source", "efficiency_from"] + keys + list(_OPTIONAL_FIT))
+    src_name = t.str("efficiency_from", nonempty=True) if t.has("efficiency_from") else ""
+    src = None
+    if src_name:
+        if src_name == hw_name or src_name not in tables or tables[src_name].has("efficiency_from"):
+            why = "itself" if src_name == hw_name else "a table that borrows too" if src_name in tables else \
+                "no table of this profile"
+            raise t.error("efficiency_from", f"names {src_name!r}, {why}; name one of the profile's complete "
+                                             f"tables: {', '.join(n for n in tables if not tables[n].has('efficiency_from'))}")
+        src = tables[src_name]
+    if not t.has("fit_source") and src is None:
+        raise t.error("fit_source", "is missing; say where the fitted values come from")
+    values: dict[str, object] = {"fit_source": t.str("fit_source", nonempty=True) if t.has("fit_source") else
+                                 f"{src_name}'s table (efficiency_from)", "fitted_on": hw_name}
+    taken = []
     for key, field, kind in FIT_KEYS:
-        if key in _OPTIONAL_FIT and not t.has(key):
-            value = _OPTIONAL_FIT[key]
-        elif kind == "fraction":
-            value = t.fraction(key)
+        table = t
+        if not t.has(key):
+            if key in _OPTIONAL_FIT and (src is None or not src.has(key)):
+                values[field] = _OPTIONAL_FIT[key] * _UNIT.get(key.rsplit("_", 1)[-1], 1.0)
+                continue
+            if src is None:
+                raise t.error(key, f"is missing; {_fills(key, hw_name, engine)}, or take it from another GPU's "
+                                   f"table by name: efficiency_from = \"h100-sxm\" in this table")
+            table = src
+            taken.append(key)
+        if kind == "fraction":
+            value = table.fraction(key)
         elif kind == "unit":
-            value = t.float(key, ge=0.0, le=1.0)
+            value = table.float(key, ge=0.0, le=1.0)
         else:
-            value = t.float(key, ge=0.0)
+            value = table.float(key, ge=0.0)
         values[field] = value * _UNIT.get(key.rsplit("_", 1)[-1], 1.0)
+    if taken:
+        values["borrowed_keys"] = tuple(taken)
+        values["keys_from"] = src_name
     return EngineFit(**values)
+
+
+_END_TO_END_KEYS = ("graph_overlap", "step_gpu_us", "host_step_us", "host_per_seq_us", "frontend_us", "launch_us")
+
+
+def _fills(key: str, hw_name: str, engine: str) -> str:
+    """The ``servesim calibrate`` command that fits ``key`` (file key) for ``hw_name``."""
+    if key in _END_TO_END_KEYS:
+        return (f"fit it with `servesim calibrate --profile {hw_name} --serving bench.json --model M --tp N "
+                f"--engine {engine} --engine-output FILE.toml` (end-to-end keys)")
+    return (f"fit it with `servesim calibrate --profile {hw_name} --aiconfigurator DIR --engine {engine} "
+            f"--engine-output FILE.toml` (kernel keys)")
 
 
 def with_fit(fit: EngineFit, **overrides) -> EngineFit:
@@ -360,5 +454,5 @@ def with_fit(fit: EngineFit, **overrides) -> EngineFit:
     return dataclasses.replace(fit, **overrides)
 
 
-__all__ = ["CudaGraphs", "EngineFit", "EngineProfile", "FIT_KEYS", "SchedulerDefaults", "list_engines",
-           "load_engine", "with_fit", "with_fit_for"]
+__all__ = ["CudaGraphs", "EngineFit", "EngineProfile", "FIT_KEYS", "SchedulerDefaults", "carried_terms",
+           "list_engines", "load_engine", "provenance", "replica_provenance", "with_fit", "with_fit_for"]

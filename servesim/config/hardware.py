@@ -14,9 +14,13 @@ Units are converted once, here (schema and sources in ``hardware_profiles/README
 - ``sm_count`` (in ``[compute]``) is unit-free: streaming multiprocessors (NVIDIA), compute units
   (AMD) or MXUs (TPU), the units over which GEMM tiles are spread (wave quantisation)
 
-A profile either carries its own ``[efficiency]`` (``efficiency_from = ""``) or names a calibrated
-profile whose ``[efficiency]`` it borrows; chains are not allowed, so a borrowed block is always a
-measured one.
+A profile either carries its own ``[efficiency]`` or names a calibrated profile whose ``[efficiency]``
+it borrows (``efficiency_from``); chains are not allowed, so a borrowed block is always a measured
+one. ``efficiency_from`` also names where the engine fits come from: an engine profile without a
+``[hardware.<this name>]`` table uses the named profile's (`config.engine.EngineProfile.fit_for`, the
+output saying so). A profile with its own ``[efficiency]`` may still name one for that alone
+(``servesim calibrate`` writes the base profile there); ``""`` names none, and an engine without a
+table of its own for the profile is then an error.
 """
 from __future__ import annotations
 
@@ -141,8 +145,9 @@ class HardwareProfile:
     usd_per_hour: float  # per GPU (chip) hour
     price_source: str
     efficiency: Efficiency
-    efficiency_from: str  # "" when the file carries its own [efficiency]
+    efficiency_from: str  # the profile borrowed from: [efficiency] (unless own_efficiency) and engine fits; "" none
     cuda_capability: str = ""  # NVIDIA compute capability ("9.0"), where engines switch kernels on it
+    own_efficiency: bool = True  # the file carries its own [efficiency] (measured), else borrowed
 
 
 def list_hardware() -> list[str]:
@@ -241,15 +246,14 @@ def _load_file(path: Path) -> HardwareProfile:
     usd_per_hour = price.float("usd_per_gpu_hour", ge=0.0)
     price_source = price.str("source", nonempty=True)
 
-    if efficiency_from == "":
-        if not has_eff:
-            raise top.error("efficiency", "is missing; add an [efficiency] table or set efficiency_from "
-                                          "to a calibrated profile such as 'h100-sxm'")
+    if has_eff:
         efficiency = _read_efficiency(top.table("efficiency"))
+        if efficiency_from:     # the engine fits' source alone: a name that resolves
+            _source_file(top, path, efficiency_from)
+    elif efficiency_from == "":
+        raise top.error("efficiency", "is missing; add an [efficiency] table or set efficiency_from "
+                                      "to a calibrated profile such as 'h100-sxm'")
     else:
-        if has_eff:
-            raise top.error("efficiency", f"must be absent when efficiency_from = {efficiency_from!r}; "
-                                          "remove the table or set efficiency_from = \"\"")
         efficiency = _borrow_efficiency(top, path, efficiency_from)
 
     return HardwareProfile(
@@ -259,7 +263,7 @@ def _load_file(path: Path) -> HardwareProfile:
         gpus_per_node=gpus_per_node, pcie_gen=pcie_gen, pcie_lanes=pcie_lanes, pcie_bw=pcie_bw,
         scaleout_name=scaleout_name, scaleout_bw=scaleout_bw, tdp_w=tdp_w,
         usd_per_hour=usd_per_hour, price_source=price_source, efficiency=efficiency, cuda_capability=cuda_capability,
-        efficiency_from=efficiency_from,
+        efficiency_from=efficiency_from, own_efficiency=has_eff,
     )
 
 
@@ -280,21 +284,46 @@ def _read_efficiency(table: Table) -> Efficiency:
     return Efficiency(**values)
 
 
-def _borrow_efficiency(top: Table, path: Path, source_name: str) -> Efficiency:
-    """The [efficiency] of profile ``source_name``: a sibling file first, else the shipped one."""
+def source_file(name: str, beside: Path | None = None) -> Path | None:
+    """The file of profile ``name``: a sibling of ``beside`` first, else the shipped one (None: neither)."""
+    candidates = ([Path(beside).parent / f"{name}.toml"] if beside is not None else []) + [hardware_dir() / f"{name}.toml"]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def borrow_chain(hw: HardwareProfile) -> list[str]:
+    """The profiles ``hw`` borrows from, nearest first: its ``efficiency_from``, that profile's, ...
+    (each file found as `source_file` finds it; stops at "" or a name already seen)."""
+    chain, name, beside = [], hw.efficiency_from, hw.path
+    while name and name != hw.name and name not in chain:
+        chain.append(name)
+        path = source_file(name, beside)
+        if path is None:
+            break
+        name, beside = str(read_toml(path).get("efficiency_from", "")), path
+    return chain
+
+
+def _source_file(top: Table, path: Path, source_name: str) -> Path:
+    """The file ``efficiency_from`` names (a sibling first, else the shipped one), checked."""
     if not source_name or any(c in source_name for c in "/\\:") or source_name.startswith("."):
         raise top.error("efficiency_from", f"must name a profile (a file stem such as 'h100-sxm'), not a path; "
                                            f"got {source_name!r}")
-    candidates = [path.parent / f"{source_name}.toml", hardware_dir() / f"{source_name}.toml"]
-    source = next((p for p in candidates if p.is_file()), None)
+    source = source_file(source_name, path)
     if source is None:
         raise top.error("efficiency_from", f"names unknown profile {source_name!r}; "
                                            f"available: {', '.join(list_hardware())}")
     if source.resolve() == path:
         raise top.error("efficiency_from", f"must not name the profile itself ({source_name!r}); use \"\"")
+    return source
+
+
+def _borrow_efficiency(top: Table, path: Path, source_name: str) -> Efficiency:
+    """The [efficiency] of profile ``source_name``: a sibling file first, else the shipped one."""
+    source = _source_file(top, path, source_name)
     # Peek before loading so that a cycle (a -> b -> a) is reported rather than recursed into.
-    onward = read_toml(source).get("efficiency_from", "")
-    if onward != "":
+    data = read_toml(source)
+    if "efficiency" not in data:
+        onward = data.get("efficiency_from", "")
         raise top.error("efficiency_from", f"names {source_name!r}, which itself borrows from "
                                            f"{onward!r}; point at a profile with its own "
                                            f"[efficiency], e.g. {onward!r}")

@@ -42,7 +42,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
-from .plan import LATENCY_SLACK, _lengths, _quantile, _sim
+from .plan import LATENCY_SLACK, _lengths, _quantile, _sim, borrowed_row, fit_columns
 
 NEIGHBOURHOOD = (-1, 0, 1, 2)
 ROLES = ("prefill", "decode")
@@ -96,7 +96,7 @@ def role_bounds(layout: dict, role: str, base, prompt, output, rate: float, slo:
     isl, osl = float(prompt.mean()), float(max(output.mean(), 1.0))
     kv_cap = float(rc.memory.kv_capacity_tokens)
     out = {"status": "ok", "reason": "", "gpus_per_replica": rc.num_gpus, "usd_per_gpu_hour": hw.usd_per_hour,
-           "kv_capacity_tokens": kv_cap}
+           "kv_capacity_tokens": kv_cap, **fit_columns(rc)}
     need = float(np.max(prompt + output)) if role == "decode" else float(np.max(prompt))
     if kv_cap < need:
         what = "the longest prompt + output" if role == "decode" else "the longest prompt"
@@ -320,7 +320,10 @@ def _row(S: _Search, c: _Cand, sim: dict) -> dict:
         row.update({f"{role}_{k}": v for k, v in lay.items()})
         row.update({f"{role}_replicas": n, f"{role}_replicas_bound": b["replicas_bound"],
                     f"{role}_tokens_per_s_bound": b["tokens_per_s"], f"{role}_usd_per_gpu_hour": b["price"]})
-    row.update({"num_gpus": S.gpus(c, c.p, c.d), "usd_per_hour": usd})
+    measured = c.bp["fit"] == c.bd["fit"] == "measured"
+    notes = dict.fromkeys((c.bp["fit_note"], c.bd["fit_note"]))      # one note when both roles share it
+    row.update({"num_gpus": S.gpus(c, c.p, c.d), "usd_per_hour": usd, "fit": "measured" if measured else "borrowed",
+                "fit_note": " | ".join(notes)})
     s = sim.get("summary")
     if s:
         out_tok = s["throughput"]["output_tokens_per_s"]
@@ -362,6 +365,9 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
             if b["status"] != "ok":
                 rejected.append({"role": role, **{f"{role}_{k}": v for k, v in lay.items()}, **lay,
                                  "status": b["status"], "reason": f"{role}: {b['reason']}"})
+                continue
+            if spec.require_measured and b["fit"] != "measured":
+                rejected.append({"role": role, **borrowed_row(lay, b, role)})
                 continue
             b["price"] = _price(spec, b, lay["hardware"])
             if b["replicas_bound"] - 1 > spec.max_replicas or b["gpus_per_replica"] > spec.max_gpus:
@@ -420,8 +426,8 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
                 ready.append(c)
     simulated = [c for c in cands if c.row is not None]
     rows = [c.row for c in simulated]
-    order = {"meets_slo": 0, "fails_other_seed": 1, "misses_slo": 2, "pruned": 3, "over_budget": 4, "infeasible": 5,
-             "error": 6}
+    order = {"meets_slo": 0, "fails_other_seed": 1, "misses_slo": 2, "pruned": 3, "borrowed_fit": 4, "over_budget": 5,
+             "infeasible": 6, "error": 7}
     rows.sort(key=lambda r: (order.get(r["status"], 9), r.get("usd_per_hour") or math.inf))
     if best is not None:
         rows.remove(best.row)
@@ -445,7 +451,8 @@ def _best(S, c, spec, base, rate, per_role, n_cands) -> dict:
                    "capacity_bound": {k: bounds[k] for k in ("tokens_per_s", "replicas_bound", "prompts_per_iteration",
                                                              "batch_bound", "batch_limited_by") if k in bounds}}
     b.update({k: r[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
-                                "usd_per_million_output_tokens", "headroom", "slo_attainment", "checks", "metrics")})
+                                "usd_per_million_output_tokens", "headroom", "slo_attainment", "checks", "metrics",
+                                "fit", "fit_note")})
     b.update(margin=spec.margin, rate=rate, candidates_in_space=n_cands)
     cap = capacity(S.cfg(c, c.p, c.d), rate)
     b.update({"max_sustainable_rate": cap["max_sustainable_rate"], "capacity_headroom": cap["capacity_headroom"],

@@ -53,6 +53,7 @@ class PlanSpec:
     exhaustive: bool = False
     daily_rates: tuple = ()
     disaggregated: bool = False                # search prefill/decode pools (planning/disagg.py)
+    require_measured: bool = False             # leave out layouts resting on borrowed fits (fit_columns)
 
 
 @dataclass
@@ -116,7 +117,7 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
     it = t(n_pf * isl, n_pf, n_pf * isl * (isl + 1) / 2, n_pf * isl, b, b * (isl + osl / 2))
     capacity = n_pf / it if it > 0 else math.inf
     out = {"status": "ok", "reason": "", "capacity_rps": capacity, "gpus_per_replica": rc.num_gpus,
-           "kv_capacity_tokens": kv_cap, "usd_per_gpu_hour": hw.usd_per_hour}
+           "kv_capacity_tokens": kv_cap, "usd_per_gpu_hour": hw.usd_per_hour, **fit_columns(rc)}
     for key, target in slo.items():
         metric, stat = key.split("_")
         if metric == "ttft":
@@ -134,6 +135,21 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
                              + (f" less the {100 * margin:.0f}% margin" if margin else ""))
             break
     return out
+
+
+def fit_columns(rc) -> dict:
+    """A layout's ``fit``: "measured" when its hardware efficiencies and engine table were fitted on
+    its own GPU, else "borrowed" (``fit_note`` says which terms: `config.engine.provenance`)."""
+    from ..config.engine import replica_provenance
+    p = replica_provenance(rc)
+    return {"fit": "measured" if p["measured"] else "borrowed", "fit_note": p["text"]}
+
+
+def borrowed_row(layout: dict, bounds: dict, role: str = "") -> dict:
+    """The candidate row of a layout that ``--require-measured`` leaves out."""
+    return {**layout, "status": "borrowed_fit", "fit": bounds["fit"], "fit_note": bounds["fit_note"],
+            "reason": f"{role + ': ' if role else ''}rests on borrowed fits ({bounds['fit_note']}); "
+                      "--require-measured leaves it out"}
 
 
 def replicas_lower_bound(rate: float, capacity_rps: float) -> int:
@@ -216,7 +232,7 @@ def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
     c = {**layout, "replicas": r, "num_gpus": gpr * r if r else None, "usd_per_gpu_hour": price,
          "usd_per_hour": price * gpr * r if r else None, "simulations": n_sims,
          "capacity_bound_rps_per_replica": bounds.get("capacity_rps"),
-         "replicas_lower_bound": bounds.get("r_min")}
+         "replicas_lower_bound": bounds.get("r_min"), "fit": bounds.get("fit"), "fit_note": bounds.get("fit_note")}
     if s:
         cost = s["cost"]
         busy = s["utilization"]["busy_fraction"]
@@ -279,6 +295,9 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
         if b["status"] == "infeasible":
             candidates.append({**lay, "status": "infeasible", "reason": b["reason"]})
             continue
+        if spec.require_measured and b["fit"] != "measured":
+            candidates.append(borrowed_row(lay, b))
+            continue
         gpr = b["gpus_per_replica"]
         price = b["usd_per_gpu_hour"] if price is None else price
         r_max = min(spec.max_replicas, spec.max_gpus // gpr)
@@ -328,7 +347,8 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
                      reason=f"at {last['replicas']} replicas: " + "; ".join(last["reasons"]),
                      replicas=last["replicas"])
         candidates.append(c)
-    order = {"meets_slo": 0, "misses_slo": 1, "pruned": 2, "over_budget": 3, "infeasible": 4, "error": 5}
+    order = {"meets_slo": 0, "misses_slo": 1, "pruned": 2, "borrowed_fit": 3, "over_budget": 4, "infeasible": 5,
+             "error": 6}
     candidates.sort(key=lambda c: (order.get(c["status"], 9),) + _cost_order(c))
     best, n_extra = _choose(candidates, meeting, base, spec, backend)
     if best:
@@ -388,7 +408,7 @@ def _choose(candidates, meeting, base, spec, backend):
         best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
                                   "usd_per_million_output_tokens")}
         best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
-                                       "usd_per_million_input_tokens", "headroom", "checks")})
+                                       "usd_per_million_input_tokens", "headroom", "checks", "fit", "fit_note")})
         best["margin"] = spec.margin
         best["rate"] = base.rate
         best["metrics"] = c["metrics"]
@@ -430,7 +450,8 @@ def _check(c, by_r, base, spec):
     if r != c["replicas"]:
         c.update(_candidate(lay, c["usd_per_gpu_hour"], gpr, by_r[r],
                             {"capacity_rps": c["capacity_bound_rps_per_replica"],
-                             "r_min": c["replicas_lower_bound"]}, c["simulations"]))
+                             "r_min": c["replicas_lower_bound"], "fit": c["fit"], "fit_note": c["fit_note"]},
+                            c["simulations"]))
     checks = {"other_seed": {"seed": base.seed + 1, "meets_slo": other["ok"], "reasons": other["reasons"]}}
     if added and other["ok"]:
         checks["other_seed"]["replicas_added"] = added

@@ -74,7 +74,7 @@ def profile_status(name: str, results_dir: Path = RESULTS_DIR, engine: str = "vl
     from ..config import load_hardware
     from ..config.engine import load_engine
     hw = load_hardware(name)
-    own = hw.efficiency_from == ""
+    own = hw.own_efficiency
     calibrated = name if own else hw.efficiency_from
     fit = load_engine(engine).fit_for(hw)
     return {"hardware": name, "own_fit": own, "calibrated_on": calibrated,

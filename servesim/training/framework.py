@@ -171,7 +171,7 @@ def extrapolation_note(hw) -> str:
     parts = []
     if not arch.calibrated:
         parts.append(arch.note or f"no training measurements on {arch.name}")
-    if getattr(hw, "efficiency_from", ""):
+    if getattr(hw, "efficiency_from", "") and not getattr(hw, "own_efficiency", False):
         parts.append(f"{hw.name} borrows its measured efficiencies from {hw.efficiency_from}")
     return "; ".join(parts)
 

@@ -32,7 +32,8 @@ def check_no_pool(pool, disaggregated: bool, option: str = "--pool") -> None:
 
 def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max_replicas=64, max_num_seqs=None,
                  max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None,
-                 exhaustive=False, prices=(), workers=None, disaggregated=False, model_margin=None):
+                 exhaustive=False, prices=(), workers=None, disaggregated=False, model_margin=None,
+                 require_measured=False):
     """Every option of a plan checked (text as the CLI takes it) -> a `planning.plan.PlanSpec`."""
     from ..checks import check_choice, check_float, check_int, check_known_name, check_sim_config
     from ..costmodel.dtypes import WEIGHT_DTYPES
@@ -82,7 +83,7 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
                     model_margin=float(model_margin), model_margin_source=margin_source, prices=per_hw,
                     default_price=default_price, exhaustive=exhaustive,
                     daily_rates=tuple(parse_rates(daily_rates, "--daily-rates")) if daily_rates is not None else (),
-                    disaggregated=bool(disaggregated))
+                    disaggregated=bool(disaggregated), require_measured=bool(require_measured))
 
 
 def execute_plan(spec, backend, progress=None) -> PlanResult:
@@ -112,8 +113,8 @@ def plan_error(result: PlanResult) -> InfeasibleError | None:
 
 def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=64, max_num_seqs=None,
          max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, model_margin=None, daily_rates=None,
-         exhaustive=False, disaggregated=False, price=None, workers=None, dask_scheduler=None, dask_timeout=None, config=None,
-         **options) -> PlanResult:
+         exhaustive=False, disaggregated=False, require_measured=False, price=None, workers=None, dask_scheduler=None,
+         dask_timeout=None, config=None, **options) -> PlanResult:
     """The cheapest deployment meeting every SLO at the target load, as ``servesim plan``.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size, token budget), prunes with
@@ -146,6 +147,9 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
         PP from the candidate lists, replica counts from a capacity bound per role; ``best["pools"]``
         is the two ``--pool`` specs, ``max_replicas`` applies per role and ``max_gpus`` / ``budget``
         to the sum.
+    require_measured : bool
+        Leave out layouts resting on borrowed fits (every candidate's ``fit`` is "measured" or
+        "borrowed", ``fit_note`` says which terms; `servesim.config.engine.provenance`).
     price, workers, dask_scheduler, dask_timeout, config
         As in `sweep`.
     **options
@@ -184,7 +188,7 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
                         max_num_batched_tokens=as_text(max_num_batched_tokens), max_gpus=max_gpus, budget=budget,
                         margin=margin, daily_rates=as_text(daily_rates), exhaustive=exhaustive,
                         prices=price_items(price, base), workers=workers, disaggregated=disaggregated,
-                        model_margin=model_margin)
+                        model_margin=model_margin, require_measured=require_measured)
     with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
         res = execute_plan(spec, be)
     err = plan_error(res)
