@@ -698,7 +698,7 @@ def engines_table(rows):
 
 def frameworks_table(rows):
     for r in rows:
-        name = re.search(r"`(\w+)`", r[0]).group(1)
+        name = re.search(r"`([\w-]+)`", r[0]).group(1)
         fw = toml(f"servesim/training/data/frameworks/{name}.toml")
         zero = nums(r[3])
         if zero:

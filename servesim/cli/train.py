@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..training.framework import FP8_RECIPES, REMAT_POLICIES, RESHARD
 from .options import SLO
 
 
@@ -12,7 +13,7 @@ def _train_options(f):
         click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path."),
         click.option("--hardware", default="h100-sxm", show_default=True, help="Hardware profile."),
         click.option("--framework", default="megatron", show_default=True,
-                     help="Training framework profile: megatron, nemo, torchtitan, deepspeed, hf, composer, or a "
+                     help="Training framework profile: megatron, megatron-bridge, nemo, torchtitan, maxtext, deepspeed, hf, composer, or a "
                           "TOML file (servesim/training/data/frameworks)."),
         click.option("--gpus", default="8", show_default=True,
                      help="Total GPUs, or a list (64,128,...) for a scaling table."),
@@ -39,9 +40,12 @@ def _train_options(f):
                           "Megatron-Core's syntax, stages in virtual-stage order separated by | (e.g. "
                           "'Et|(tt|)*30mL' for DeepSeek-V3 on pp x vp = 32 stages), or 'auto' for the most "
                           "balanced split."),
-        click.option("--sp/--no-sp", default=False, show_default=True, help="Sequence parallelism with TP."),
-        click.option("--tp-overlap", is_flag=True,
-                     help="Overlap SP's all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs --sp)."),
+        click.option("--sp/--no-sp", default=None,
+                     help="Sequence parallelism with TP [default: the framework's: on with TP for nemo, "
+                          "megatron-bridge and torchtitan]."),
+        click.option("--tp-overlap/--no-tp-overlap", default=None,
+                     help="Overlap SP's all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap, "
+                          "torchtitan async TP; needs --sp) [default: the framework's]."),
         click.option("--zero", default=None, type=int,
                      help="ZeRO stage 0-3 (1 = distributed optimizer, 3 = FSDP) [default: the framework's].") ,
         click.option("--dp-overlap/--no-dp-overlap", default=None,
@@ -50,9 +54,22 @@ def _train_options(f):
                      help="ZeRO-3/FSDP: layers whose parameters are gathered ahead [default: the framework's]."),
         click.option("--fsdp-param-bytes", default=None, type=click.Choice(["2", "4"]),
                      help="ZeRO-3/FSDP: bytes per gathered parameter (4: fp32 gathers) [default: the framework's]."),
-        click.option("--recompute", default="selective", show_default=True,
-                     type=click.Choice(["none", "selective", "full", "auto"]),
-                     help="Activation recomputation; auto = the least recomputation that fits in memory."),
+        click.option("--recompute", default=None, type=click.Choice(["none", "selective", "full", "auto"]),
+                     help="Activation recomputation; auto = the least recomputation that fits in memory; selective "
+                          "in the framework's sense (Megatron modules, torchtitan --selective-ac) [default: the "
+                          "framework's]."),
+        click.option("--selective-ac", default=None,
+                     help="torchtitan: what --recompute selective recomputes: op (per-op: every second matmul and "
+                          "the elementwise kernels) or N (every N-th layer) [default: the framework's]."),
+        click.option("--remat-policy", default=None, type=click.Choice(list(REMAT_POLICIES)),
+                     help="MaxText: the remat policy (full, minimal, save_dot_except_mlp, ...) [default: the "
+                          "framework's]."),
+        click.option("--reshard-after-forward", default=None, type=click.Choice(list(RESHARD)),
+                     help="FSDP / ZeRO-3: gather the parameters again in the backward (always), keep them gathered "
+                          "(never), or torchtitan's default (never under PP) [default: the framework's]."),
+        click.option("--fp8-all-gather/--no-fp8-all-gather", default=None,
+                     help="FSDP / ZeRO-3 with --dtype fp8: gather the weights in fp8 (torchao "
+                          "enable_fsdp_float8_all_gather, Megatron --fp8-param-gather) [default: the framework's]."),
         click.option("--recompute-layers", default=None, type=int,
                      help="With --recompute full: recompute only N layers of each model chunk (Megatron "
                           "--recompute-method block --recompute-num-layers N)."),
@@ -63,10 +80,10 @@ def _train_options(f):
                      help="Move the saved activations of N layers per model chunk (or 'all') to host memory over "
                           "PCIe / NVLink-C2C, overlapped with compute."),
         click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp8"])),
-        click.option("--fp8-recipe", default=None, type=click.Choice(["delayed", "current", "block", "mxfp8"]),
+        click.option("--fp8-recipe", default=None, type=click.Choice(list(FP8_RECIPES)),
                      help="fp8 scaling: delayed (per-tensor amax history), current (per-tensor, this step), block "
-                          "(1x128 tiles, software), mxfp8 (Blackwell hardware blocks) [default: the framework's "
-                          "for the architecture]."),
+                          "(1x128 tiles, software), mxfp8 (Blackwell hardware blocks), tensorwise / rowwise "
+                          "(torchao.float8) [default: the framework's for the architecture]."),
         click.option("--attention", default=None, type=click.Choice(["flash", "fa2", "unfused"]),
                      help="Attention kernel [default: the framework's]."),
         click.option("--dropout", is_flag=True, help="Attention and hidden dropout on (GPT-3 style recipes): masks kept."),
@@ -79,6 +96,16 @@ def _train_options(f):
     return f
 
 
+def _profile_values(taken: dict) -> str:
+    def shown(v):
+        if v is True:
+            return "on"
+        if v is False:
+            return "off"
+        return str(v)
+    return ", ".join(f"{k} {shown(v)}" for k, v in taken.items())
+
+
 def _fmt_s(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
@@ -86,8 +113,12 @@ def _fmt_s(x: float) -> str:
 def _render_result(d: dict) -> str:
     lay = d["layout"]
     rc = lay["recompute"]
-    if lay.get("recompute_layers"):
+    if lay.get("remat_policy"):
+        rc += f" (remat policy {lay['remat_policy']})"
+    elif lay.get("recompute_layers"):
         rc += f" ({lay['recompute_layers']} layers per chunk)"
+    elif lay["recompute"] == "selective" and lay.get("selective_ac"):
+        rc += " (per-op)" if lay["selective_ac"] == "op" else f" (every {lay['selective_ac']} layers)"
     elif lay["recompute"] == "selective":
         rc += f" ({','.join(lay.get('recompute_modules') or ['core_attn'])})"
     if d.get("recompute_asked") == "auto":
@@ -121,6 +152,9 @@ def _render_result(d: dict) -> str:
         f"pipeline bubble      {d['bubble_fraction'] * 100:.1f}% of pipeline time",
         f"bottleneck           {d['bottleneck']}",
     ]
+    if d.get("from_profile"):
+        lines.append(f"from the profile     {_profile_values(d['from_profile'])}   (the {d['framework']} framework's "
+                     f"defaults; an option given on the command line wins)")
     if d.get("extrapolation"):
         lines.append(f"extrapolation        {d['extrapolation']}")
     lines += ["", "time per step:"]

@@ -18,9 +18,29 @@ from servesim.errors import ConfigError
 DATA_DIR = Path(__file__).resolve().parent / "data"
 FRAMEWORKS_DIR = DATA_DIR / "frameworks"
 ATTENTION_KERNELS = ("flash", "fa2", "unfused")
-FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
+# Transformer Engine's recipes (delayed, current, block, mxfp8) and torchao.float8's (tensorwise: dynamic
+# per-tensor scales, as current; rowwise: one scale per row of each operand)
+FP8_RECIPES = ("delayed", "current", "block", "mxfp8", "tensorwise", "rowwise")
+RUNTIMES = ("pytorch", "jax")
+AC_STYLES = ("megatron", "torchtitan", "maxtext")
+RESHARD = ("always", "never", "default")
+# MaxText remat policies (MaxText/layers/decoders.py get_remat_policy; --remat-policy): what each
+# recomputes, as (recompute, the modules recomputed, saved tensors offloaded to the host)
+REMAT_POLICIES = {
+    "full": ("full", (), False),                                                     # nothing_saveable
+    "minimal": ("selective", ("layernorm", "context", "mlp_act"), False),             # dots without batch dims saved
+    "minimal_offloaded": ("selective", ("layernorm", "context", "mlp_act"), True),
+    "save_dot_with_context_except_mlp": ("selective", ("layernorm", "mlp_fc1"), False),
+    "save_dot_except_mlpwi": ("selective", ("layernorm", "context", "mlp_fc1"), False),
+    "save_dot_except_mlp": ("selective", ("layernorm", "context", "mlp_fc1"), False),
+    "save_qkv_proj": ("selective", ("layernorm", "context", "out_proj", "mlp_fc1"), False),
+    "qkv_proj_offloaded": ("selective", ("layernorm", "context", "out_proj", "mlp_fc1"), True),
+    "save_out_proj": ("selective", ("layernorm", "qkv_proj", "context", "mlp_fc1"), False),
+}
 
-_TOP_KEYS = ("name", "description", "source", "attention", "precision", "data_parallel")
+_TOP_KEYS = ("name", "description", "source", "runtime", "attention", "precision", "data_parallel", "defaults")
+_DEFAULT_KEYS = ("sequence_parallel", "tp_comm_overlap", "recompute", "ac_style", "selective_ac_option",
+                 "remat_policy", "reshard_after_forward", "fp8_all_gather")
 _ATTN_KEYS = ("kernel",)
 _PREC_KEYS = ("grad_bytes", "fp8", "fp8_recipe_hopper", "fp8_recipe_blackwell", "fp8_norm_cast_fused",
               "fp8_weight_cache", "fp8_lm_head")
@@ -53,6 +73,16 @@ class Framework:
     fsdp_prefetch_layers: int
     zero3_live_params: float  # 0: whole layers are gathered; else at most this many parameters at once
     fsdp_param_bytes: int
+    # how the framework runs and what its recipes set when the command line does not ([defaults])
+    runtime: str = "pytorch"
+    sequence_parallel: bool = False
+    tp_comm_overlap: bool = False
+    recompute: str = "selective"
+    ac_style: str = "megatron"
+    selective_ac_option: str = ""
+    remat_policy: str = ""
+    reshard_after_forward: str = "always"
+    fp8_all_gather: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +133,20 @@ def _load(path: Path) -> Framework:
     if param_bytes == 3:
         raise dp.error("fsdp_param_bytes", "must be 2 (bf16/fp16) or 4 (fp32), got 3")
     zero = dp.int("default_zero", ge=0, le=3)
+    d = top.table("defaults")
+    d.expect_keys(_DEFAULT_KEYS)
+    style = d.str("ac_style", choices=AC_STYLES)
+    option = d.str("selective_ac_option")
+    if style == "torchtitan" and not check_selective_ac(option):
+        raise d.error("selective_ac_option", f"must be 'op' or a layer interval >= 1, got {option!r}")
+    if style != "torchtitan" and option:
+        raise d.error("selective_ac_option", f"is a torchtitan setting (ac_style = 'torchtitan'); use \"\" for "
+                                             f"ac_style = {style!r}")
+    policy = d.str("remat_policy")
+    if style == "maxtext" and policy not in REMAT_POLICIES:
+        raise d.error("remat_policy", f"unknown policy {policy!r}; use one of {', '.join(REMAT_POLICIES)}")
+    if style != "maxtext" and policy:
+        raise d.error("remat_policy", f"is a MaxText setting (ac_style = 'maxtext'); use \"\" for ac_style = {style!r}")
     return Framework(
         name=name, description=top.str("description", nonempty=True), source=top.str("source", nonempty=True),
         path=path, attention=att.str("kernel", choices=ATTENTION_KERNELS), grad_bytes=grad_bytes,
@@ -113,7 +157,18 @@ def _load(path: Path) -> Framework:
         default_zero=zero, overlap_grad_reduce=dp.bool("overlap_grad_reduce"),
         overlap_param_gather=dp.bool("overlap_param_gather"), hierarchical=dp.bool("hierarchical"),
         fsdp_prefetch_layers=dp.int("fsdp_prefetch_layers", ge=0, le=8),
-        zero3_live_params=dp.float("zero3_live_params_m", ge=0.0) * 1e6, fsdp_param_bytes=param_bytes)
+        zero3_live_params=dp.float("zero3_live_params_m", ge=0.0) * 1e6, fsdp_param_bytes=param_bytes,
+        runtime=top.str("runtime", choices=RUNTIMES), sequence_parallel=d.bool("sequence_parallel"),
+        tp_comm_overlap=d.bool("tp_comm_overlap"),
+        recompute=d.str("recompute", choices=("none", "selective", "full", "auto")), ac_style=style,
+        selective_ac_option=option, remat_policy=policy,
+        reshard_after_forward=d.str("reshard_after_forward", choices=RESHARD), fp8_all_gather=d.bool("fp8_all_gather"))
+
+
+def check_selective_ac(option) -> bool:
+    """torchtitan's selective_ac_option: 'op' (per-op) or a layer interval N >= 1 (every N-th layer)."""
+    text = str(option).strip()
+    return text == "op" or (text.isdigit() and int(text) >= 1)
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,10 +5,17 @@ Rank order, innermost first: TP, CP, DP (EP is a contiguous sub-group of DP), PP
 Megatron-Core's default ``tp-cp-ep-dp-pp`` order. A group's span (the distance between its first
 and last rank, times the inner degrees) decides whether it stays inside one scale-up domain.
 
-Fields left at ``None`` take the framework profile's value (``resolve_layout``): ``zero``
-(``default_zero``), ``dp_overlap`` (``overlap_grad_reduce`` / ``overlap_param_gather``),
-``attention`` (``attention.kernel``), ``fp8_recipe`` (per architecture), ``fsdp_prefetch``,
-``fsdp_param_bytes``.
+Fields left at ``None`` take the framework profile's value (``resolve_layout``, which also says
+which ones it filled): ``zero`` (``default_zero``), ``dp_overlap`` (``overlap_grad_reduce`` /
+``overlap_param_gather``), ``attention`` (``attention.kernel``), ``fp8_recipe`` (per architecture),
+``fsdp_prefetch``, ``fsdp_param_bytes``, and the recipe defaults of its ``[defaults]`` table:
+``sp`` (sequence parallelism whenever TP > 1), ``tp_overlap`` (with SP), ``recompute`` and what
+``selective`` means (Megatron's ``--recompute-modules``, torchtitan's ``selective_ac_option`` --
+per-op or every N-th layer -- or a MaxText ``remat_policy``), ``reshard_after_forward`` (ZeRO-3 /
+FSDP: always, never, or torchtitan's default: not under PP) and ``fp8_all_gather`` (ZeRO-3 gathers
+in fp8). An option given on the command line wins; an option of another framework's vocabulary
+(a MaxText remat policy on a PyTorch framework, torchtitan's selective_ac_option on Megatron) is
+a one-line error.
 """
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ from servesim.errors import ConfigError, InfeasibleError
 RECOMPUTE = ("none", "selective", "full", "auto")
 # Megatron-Core --recompute-modules (selective recompute), what each recomputes in the backward:
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "layernorm", "mla_up_proj")
+# finer modules the MaxText remat policies recompute (framework.REMAT_POLICIES): the attention output
+# (context), the MLP's first matmul and activation, its activation only, the QKV / output projections
+POLICY_MODULES = ("context", "mlp_fc1", "mlp_act", "qkv_proj", "out_proj")
 TRAIN_DTYPES = ("bf16", "fp8")
 CP_COMM = ("ring", "a2a")
 
@@ -32,10 +42,10 @@ class TrainLayout:
     cp: int = 1
     ep: int = 1
     vp: int = 1
-    sp: bool = False
-    tp_overlap: bool = False
+    sp: bool | None = None                    # None: the framework's (sequence parallelism with TP)
+    tp_overlap: bool | None = None
     zero: int | None = 1
-    recompute: str = "selective"
+    recompute: str | None = None              # None: the framework's
     dtype: str = "bf16"
     seq_len: int = 4096
     micro_batch: int = 1
@@ -58,6 +68,10 @@ class TrainLayout:
     dp_overlap: bool | None = None
     fsdp_prefetch: int | None = None
     fsdp_param_bytes: int | None = None
+    selective_ac: str | None = None            # torchtitan selective_ac_option: "op" or "N" (every N-th layer)
+    remat_policy: str | None = None            # MaxText remat policy (framework.REMAT_POLICIES)
+    reshard_after_forward: str | None = None   # ZeRO-3 / FSDP: always | never | default (torchtitan's)
+    fp8_all_gather: bool | None = None         # ZeRO-3 / FSDP gathers fp8 weights (torchao, --fp8-param-gather)
 
     @property
     def gpus(self) -> int:
@@ -70,10 +84,23 @@ class TrainLayout:
 
     @property
     def modules(self) -> tuple[str, ...]:
-        """Selective-recompute modules in effect (empty unless recompute = selective)."""
-        if self.recompute != "selective":
+        """Selective-recompute modules in effect (empty unless recompute = selective; torchtitan's
+        selective modes are ``op_sac`` and ``layer_sac``, not modules)."""
+        if self.recompute != "selective" or self.selective_ac is not None:
             return ()
         return self.recompute_modules or ("core_attn",)
+
+    @property
+    def op_sac(self) -> bool:
+        """torchtitan's per-op selective checkpointing (selective_ac_option = "op")."""
+        return self.recompute == "selective" and self.selective_ac == "op"
+
+    @property
+    def layer_sac(self) -> int:
+        """torchtitan's per-layer selective checkpointing: every N-th layer fully recomputed (0: off)."""
+        if self.recompute == "selective" and self.selective_ac is not None and str(self.selective_ac).isdigit():
+            return int(self.selective_ac)
+        return 0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -96,22 +123,103 @@ def derive_dp(gpus: int, tp: int, pp: int, cp: int) -> int:
 
 def resolve_layout(lay: TrainLayout, hw, fw=None) -> TrainLayout:
     """Fill the fields left at None from the framework profile (and the architecture)."""
-    from .framework import default_fp8_recipe, load_framework
+    return resolve_with_defaults(lay, hw, fw)[0]
+
+
+def check_framework_options(lay: TrainLayout, fw) -> None:
+    """Options of another framework's vocabulary, or that need another setting, before defaults fill in."""
+    from .framework import REMAT_POLICIES, RESHARD, check_selective_ac
+    if lay.remat_policy is not None:
+        if fw.runtime != "jax" or fw.ac_style != "maxtext":
+            raise ConfigError(f"--remat-policy {lay.remat_policy} is a MaxText (JAX) option; the {fw.name} framework "
+                              f"profile runs {fw.runtime}: use --recompute none|selective|full|auto, or "
+                              f"--framework maxtext")
+        if lay.remat_policy not in REMAT_POLICIES:
+            raise ConfigError(f"--remat-policy: unknown policy {lay.remat_policy!r}; use one of "
+                              f"{', '.join(REMAT_POLICIES)}")
+        if lay.recompute is not None:
+            raise ConfigError(f"--remat-policy {lay.remat_policy} and --recompute {lay.recompute} both set "
+                              f"the recomputation; give one")
+    if lay.selective_ac is not None:
+        if fw.ac_style != "torchtitan":
+            raise ConfigError(f"--selective-ac {lay.selective_ac} is torchtitan's selective_ac_option; the {fw.name} "
+                              f"framework profile's selective recomputation is "
+                              + ("--remat-policy" if fw.ac_style == "maxtext" else "--recompute-modules")
+                              + "; use that, or --framework torchtitan")
+        if not check_selective_ac(lay.selective_ac):
+            raise ConfigError(f"--selective-ac: expected op or a layer interval >= 1, got {lay.selective_ac!r}")
+        if lay.recompute not in (None, "selective"):
+            raise ConfigError(f"--selective-ac {lay.selective_ac} needs --recompute selective (got {lay.recompute})")
+    if lay.recompute_modules and fw.ac_style != "megatron":
+        other = "--selective-ac op|N" if fw.ac_style == "torchtitan" else "--remat-policy"
+        raise ConfigError(f"--recompute-modules is Megatron-Core's; the {fw.name} framework profile's selective "
+                          f"recomputation is {other}")
+    if lay.reshard_after_forward is not None and lay.reshard_after_forward not in RESHARD:
+        raise ConfigError(f"--reshard-after-forward: unknown value {lay.reshard_after_forward!r}; use "
+                          f"{', '.join(RESHARD)}")
+
+
+def resolve_with_defaults(lay: TrainLayout, hw, fw=None) -> tuple[TrainLayout, dict]:
+    """(the layout with every field left at None filled from the framework profile, {option: value}
+    of the values that came from the profile, in option form)."""
+    from .framework import REMAT_POLICIES, default_fp8_recipe, load_framework
     fw = fw or load_framework(lay.framework)
-    upd = {}
-    if lay.zero is None:
-        upd["zero"] = fw.default_zero
-    if lay.attention is None:
-        upd["attention"] = fw.attention
-    if lay.dp_overlap is None:
-        upd["dp_overlap"] = fw.overlap_grad_reduce
-    if lay.fsdp_prefetch is None:
-        upd["fsdp_prefetch"] = fw.fsdp_prefetch_layers
-    if lay.fsdp_param_bytes is None:
-        upd["fsdp_param_bytes"] = fw.fsdp_param_bytes
-    if lay.fp8_recipe is None and lay.dtype == "fp8":
-        upd["fp8_recipe"] = default_fp8_recipe(fw, hw)
-    return dataclasses.replace(lay, **upd) if upd else lay
+    check_framework_options(lay, fw)
+    upd, taken = {}, {}
+
+    def fill(field, value, option=None, shown=None):
+        if getattr(lay, field) is None:
+            upd[field] = value
+            taken[option or "--" + field.replace("_", "-")] = value if shown is None else shown
+
+    fill("zero", fw.default_zero)
+    fill("attention", fw.attention)
+    fill("dp_overlap", fw.overlap_grad_reduce)
+    zero = upd.get("zero", lay.zero)
+    if zero is not None and zero >= 3:
+        fill("fsdp_prefetch", fw.fsdp_prefetch_layers)
+        fill("fsdp_param_bytes", fw.fsdp_param_bytes)
+        ra = fw.reshard_after_forward
+        if ra == "default":   # torchtitan: reshard after forward unless pipeline parallelism is on
+            ra_v, shown = ("never" if lay.pp > 1 else "always"), f"default ({'never' if lay.pp > 1 else 'always'})"
+        else:
+            ra_v, shown = ra, None
+        fill("reshard_after_forward", ra_v, shown=shown)
+        if lay.dtype == "fp8":
+            fill("fp8_all_gather", fw.fp8_all_gather)
+    else:
+        upd.setdefault("fsdp_prefetch", lay.fsdp_prefetch if lay.fsdp_prefetch is not None else fw.fsdp_prefetch_layers)
+        upd.setdefault("fsdp_param_bytes",
+                       lay.fsdp_param_bytes if lay.fsdp_param_bytes is not None else fw.fsdp_param_bytes)
+    if lay.reshard_after_forward == "default":
+        upd["reshard_after_forward"] = "never" if lay.pp > 1 else "always"
+    if lay.dtype == "fp8":
+        fill("fp8_recipe", default_fp8_recipe(fw, hw))
+    if lay.tp > 1:
+        fill("sp", fw.sequence_parallel, shown="on" if fw.sequence_parallel else "off")
+    else:
+        upd.setdefault("sp", bool(lay.sp))
+    sp = upd.get("sp", lay.sp)
+    if lay.tp > 1 and sp:
+        fill("tp_overlap", fw.tp_comm_overlap, shown="on" if fw.tp_comm_overlap else "off")
+    else:
+        upd.setdefault("tp_overlap", bool(lay.tp_overlap))
+    if fw.ac_style == "maxtext" and lay.recompute is None:
+        policy = lay.remat_policy or fw.remat_policy
+        if lay.remat_policy is None:
+            taken["--remat-policy"] = policy
+        rc, mods, offload = REMAT_POLICIES[policy]
+        upd.update(recompute=rc, recompute_modules=mods, remat_policy=policy)
+        if offload:
+            upd["offload_layers"] = 1 << 30
+    else:
+        fill("recompute", fw.recompute)
+    rc = upd.get("recompute", lay.recompute)
+    if fw.ac_style == "torchtitan" and rc == "selective":
+        fill("selective_ac", fw.selective_ac_option, option="--selective-ac")
+    if lay.fp8_all_gather is None and "fp8_all_gather" not in upd:
+        upd["fp8_all_gather"] = False
+    return (dataclasses.replace(lay, **upd) if upd else lay), taken
 
 
 def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
@@ -125,7 +233,8 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
         raise ConfigError(f"--zero: must be 0, 1, 2 or 3, got {lay.zero!r}")
     if lay.recompute not in RECOMPUTE:
         raise ConfigError(f"--recompute: unknown value {lay.recompute!r}; use one of {', '.join(RECOMPUTE)}")
-    bad = [m for m in lay.recompute_modules if m not in RECOMPUTE_MODULES]
+    known = RECOMPUTE_MODULES + (POLICY_MODULES if lay.remat_policy else ())
+    bad = [m for m in lay.recompute_modules if m not in known]
     if bad:
         raise ConfigError(f"--recompute-modules: unknown module {bad[0]!r}; use any of {', '.join(RECOMPUTE_MODULES)}")
     if lay.recompute_modules and lay.recompute != "selective":
@@ -138,6 +247,12 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
                               f"--recompute-granularity full --recompute-method block); got --recompute {lay.recompute}")
     if not isinstance(lay.offload_layers, int) or lay.offload_layers < 0:
         raise ConfigError(f"--offload-activations: must be an integer >= 0 or 'all', got {lay.offload_layers!r}")
+    if lay.reshard_after_forward is not None and (lay.zero or 0) < 3:
+        raise ConfigError(f"--reshard-after-forward {lay.reshard_after_forward} is an FSDP / ZeRO-3 setting; "
+                          f"use --zero 3 or drop it (zero={lay.zero})")
+    if lay.fp8_all_gather and ((lay.zero or 0) < 3 or lay.dtype != "fp8"):
+        raise ConfigError(f"--fp8-all-gather gathers fp8 weights under FSDP / ZeRO-3; it needs --zero 3 and "
+                          f"--dtype fp8 (got zero={lay.zero}, dtype={lay.dtype})")
     if lay.cp_comm not in CP_COMM:
         raise ConfigError(f"--cp-comm: unknown value {lay.cp_comm!r}; use one of {', '.join(CP_COMM)}")
     if lay.dtype not in TRAIN_DTYPES:

@@ -13,7 +13,11 @@ reduce-scattered while the next is computed); DeepSpeed caps the gathered parame
 ``stage3_max_live_parameters``. fp8 with a weight cache (Transformer Engine under Megatron-Core)
 keeps an fp8 copy of every local weight: 1 B per parameter (the transposed copy the backward needs
 is not counted; with it the DGX Cloud Llama-3.1-8B fp8 run on 8 GPUs would not fit without
-recomputation, which it ran without).
+recomputation, which it ran without). Under ZeRO-3 / FSDP only the gathered layers have fp8
+copies (a layer's weights are gathered, then cast), and with fp8 all-gathers (torchao's
+enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather) the gathered weights are the fp8
+ones, 1 B each. FSDP without resharding after the forward (``reshard_after_forward`` never; torchtitan's
+default under PP) keeps every local layer gathered from its forward to its backward.
 
 Activations per layer and micro-batch are derived from the tensors the backward pass needs
 (``layer_activation_parts``), for T = micro_batch x seq_len / CP tokens on the GPU, TP t, and
@@ -146,7 +150,8 @@ def layer_activation_parts(model, lay, moe_layer: bool = False) -> dict[str, flo
     return p
 
 
-# tensor groups each --recompute-modules entry recomputes instead of keeping
+# tensor groups each --recompute-modules entry (and each module of a MaxText remat policy) recomputes
+# instead of keeping
 MODULE_PARTS = {
     "core_attn": ("attn_core",),
     "mlp": ("mlp_hidden", "mlp_act"),
@@ -155,7 +160,45 @@ MODULE_PARTS = {
     "shared_experts": ("shared_hidden", "shared_act", "shared_in"),
     "layernorm": ("norm_out",),
     "mla_up_proj": ("qkv",),
+    "context": ("attn_core", "proj_in"),
+    "mlp_fc1": ("mlp_hidden", "mlp_act", "moe_hidden", "moe_act", "shared_hidden", "shared_act"),
+    "mlp_act": ("mlp_act", "moe_act", "shared_act"),
+    "qkv_proj": ("qkv", "mla_latent"),
+    "out_proj": (),
 }
+
+
+def op_sac_bytes(model, lay, moe_layer: bool) -> float:
+    """Saved bytes of one layer under torchtitan's per-op selective checkpointing: the block input,
+    and the outputs of the saved ops -- matmuls except every second one (wq, wv, w1, w2 kept; wk, wo,
+    w3 recomputed for a gated MLP; w2 recomputed for a plain one), SDPA (O and its log-sum-exp) and
+    the reduce-scatters of the TP plan; norms, rope and activations are recomputed. A matmul output
+    under TP is the local one: wq / wv / w1 a column shard of the full sequence, w2 the full-width
+    partial sum before its reduce-scatter. MoE layers keep their router and dispatch tensors and half
+    of the expert hiddens."""
+    parts = layer_activation_parts(model, lay, moe_layer)
+    t = lay.tp
+    sp = lay.sp and t > 1
+    T = lay.micro_batch * lay.seq_len / lay.cp
+    h = model.hidden_size
+    a = BYTES_16
+    kept = parts["norm_in"] / 2.0 + parts["attn_core"] + parts["proj_in"]
+    if model.mla is not None:
+        kept += parts["qkv"] + parts.get("mla_latent", 0.0)
+    else:
+        kept += a * T * (model.q_dim + model.kv_dim) / t
+    if sp:
+        kept += 2.0 * a * T * h / t   # reduce-scatter outputs of wo and w2
+    if moe_layer:
+        for name in ("moe_router", "moe_in", "moe_out", "shared_in"):
+            kept += parts.get(name, 0.0)
+        kept += 0.5 * (parts["moe_hidden"] + parts.get("shared_hidden", 0.0))
+        return kept
+    if model.gated_mlp:
+        kept += parts["mlp_hidden"] / 2.0 + a * T * h   # w1 out; w2 out (full width, before any reduce-scatter)
+    else:
+        kept += parts["mlp_hidden"]                     # w1 out (w2, the second matmul of the MLP, recomputed)
+    return kept
 
 
 def layer_input_bytes(model, lay) -> float:
@@ -172,13 +215,18 @@ def activation_bytes_per_layer(model, lay, moe_layer: bool = False, full: bool |
         full = lay.recompute == "full" and lay.recompute_layers is None
     if full:
         return layer_input_bytes(model, lay)
+    if lay.op_sac:
+        return op_sac_bytes(model, lay, moe_layer)
     parts = layer_activation_parts(model, lay, moe_layer)
     dropped = {name for mod in lay.modules for name in MODULE_PARTS[mod]}
     return sum(v for k, v in parts.items() if k not in dropped)
 
 
 def layer_recompute_flags(lay, chunk_layers: int) -> list[bool]:
-    """Which layers of a chunk are fully recomputed (Megatron's block method: the first N)."""
+    """Which layers of a chunk are fully recomputed (Megatron's block method: the first N;
+    torchtitan's per-layer selective checkpointing: every N-th, counted from 1)."""
+    if lay.layer_sac:
+        return [(i + 1) % lay.layer_sac == 0 for i in range(chunk_layers)]
     if lay.recompute != "full":
         return [False] * chunk_layers
     n = chunk_layers if lay.recompute_layers is None else min(lay.recompute_layers, chunk_layers)
@@ -275,21 +323,31 @@ def rank_memory(model, hw, lay, fw, rank: int, chunks) -> dict[str, float]:
         "optimizer": 12.0 * shard(pd_, pe, z >= 1),
     }
     gathered = 0.0
+    fp8 = lay.dtype == "fp8"
+    fp8_copies = (pd_ + pe) if (fp8 and fw.fp8_weight_cache) else 0.0
     if z >= 3:
         layer_local = big_d / lay.tp + big_e / (lay.tp * lay.ep)
-        live = (1 + lay.fsdp_prefetch) * layer_local
+        if lay.reshard_after_forward == "never":
+            live = pd_ + pe   # every local layer stays gathered from its forward to its backward
+        else:
+            live = (1 + lay.fsdp_prefetch) * layer_local
         if fw.zero3_live_params > 0:
             live = min(live, fw.zero3_live_params)
-        gathered = live * lay.fsdp_param_bytes + 2.0 * min(layer_local, live) * fw.grad_bytes
+        gather_bytes = 1.0 if lay.fp8_all_gather else lay.fsdp_param_bytes
+        gathered = live * gather_bytes + 2.0 * min(layer_local, live) * fw.grad_bytes
+        # fp8 copies exist only of the gathered layers (the weights are gathered, then cast, per layer);
+        # gathered in fp8 they are the gathered tensors themselves
+        fp8_copies = live if (fp8 and not lay.fp8_all_gather) else 0.0
     parts["gathered_params"] = gathered
-    parts["fp8_weight_cache"] = (pd_ + pe) if (lay.dtype == "fp8" and fw.fp8_weight_cache) else 0.0
+    parts["fp8_weight_cache"] = fp8_copies
     m = lay.num_microbatches
     flights = in_flight_per_chunk(lay, rank, m)
     per_chunk = [chunk_activation_bytes(model, lay, c) for c in chunks]
     largest = max(x[2] for x in per_chunk)
     parts["activations"] = sum(f * x[0] for f, x in zip(flights, per_chunk))
     # the layer being recomputed in its backward, or the offload copy buffer
-    parts["recompute_buffer"] = largest if (lay.recompute == "full" or lay.offload_layers > 0) else 0.0
+    parts["recompute_buffer"] = largest if (lay.recompute == "full" or lay.offload_layers > 0 or lay.op_sac
+                                            or lay.layer_sac) else 0.0
     parts["activations_offloaded_host"] = sum(f * x[1] for f, x in zip(flights, per_chunk))
     heads = sum(int(c.loss) + c.mtp for c in chunks)
     parts["logits"] = heads * 4.0 * (lay.seq_len / lay.cp) * lay.micro_batch * model.vocab_size / lay.tp

@@ -73,7 +73,7 @@ from servesim.errors import InfeasibleError
 from . import comm
 from .flops import attention_core_flops, attn_dims, ffn_gemms, gemm_flops, layer_gemms, model_flops_per_token
 from .framework import architecture_of, efficiency_architecture, extrapolation_note, load_framework
-from .layout import TrainLayout, check_layout, resolve_layout
+from .layout import TrainLayout, check_layout, resolve_with_defaults
 from .memory import GiB, as_gib, fp8_element_bytes, layer_recompute_flags, memory_by_rank, stage_params
 from .params import FITTED, TrainingFit
 from .pipeline import layout_text, pipeline_chunks
@@ -123,6 +123,7 @@ class TrainResult:
                                    "device": self.extra.get("device_bytes", 0.0) / GiB,
                                    "pipeline_rank": int(self.memory_bytes.get("stage", 0))},
             "framework": self.extra.get("framework"),
+            "from_profile": self.extra.get("from_profile", {}),
             "extrapolation": self.extra.get("extrapolation", ""),
         }
 
@@ -257,6 +258,8 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
         cast_b = k.cast(bwd_el, n_gemm) + k.elementwise(0.0, 2 * n_gemm)
         if not k.fw.fp8_weight_cache:
             w_el = sum(c * k_ * n_ for c, _, k_, n_ in attn_g + ffn_rest)
+            if lay.fp8_all_gather:
+                w_el /= lay.dp * lay.cp   # each rank casts its shard before the fp8 all-gather (torchao)
             cast_f += k.cast(w_el, n_gemm)
     if lay.zero >= 3 and lay.fsdp_param_bytes == 4:
         # fp32 parameters under autocast (Composer's mixed_precision DEFAULT): every matmul casts its
@@ -315,10 +318,22 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
     # selective recompute: forward time of each recomputed module
     mods = set(lay.modules)
     sel = 0.0
-    if "core_attn" in mods:
+    if "core_attn" in mods or "context" in mods:
         sel += attn_f
     if "layernorm" in mods:
         sel += norm_f
+    if "qkv_proj" in mods:
+        sel += k.gemms(attn_g[:-1], fp8=True)
+    if "out_proj" in mods:
+        sel += k.gemms(attn_g[-1:], fp8=True)
+    if "mlp_fc1" in mods:
+        sel += k.gemms(ffn_rest[0::2], fp8=True) + act_f
+    elif "mlp_act" in mods:
+        sel += act_f
+    if lay.op_sac:
+        sel += _op_sac_time(model, lay, k, tokens, attn_g, ffn_rest, moe_layer, norm_f + act_f + other_f)
+        if sp:
+            sel += 0.5 * tp_f   # the all-gathers of the recomputed norm outputs
     if "mla_up_proj" in mods:
         sel += t_mla_up
     if moe_layer:
@@ -335,6 +350,32 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
     return {"compute_f": compute_f, "compute_b": compute_b, "tp": tp_f + tp_b, "ep": ep_f + ep_b,
             "cp": cp_f + cp_b, "selective": sel, "full": full_f, "full_comm": tp_f + ep_f + cp_f,
             "cast": cast_f + cast_b}
+
+
+def _op_sac_matmuls(model, tp: int, tokens: float, attn_g, ffn_rest, moe_layer: bool) -> list:
+    """The matmuls torchtitan's per-op selective checkpointing recomputes: every second one, counted in
+    the order the forward runs them (wq, wk, wv, wo, w1, w3, w2: wk, wo and w3 for a gated MLP;
+    wk, wo and w2 for a plain one). MoE experts run grouped GEMMs, not counted matmuls."""
+    h = model.hidden_size
+    if model.mla is None:
+        q, kv = model.q_dim / tp, model.kv_dim / tp
+        mms = [(1, tokens, h, q), (1, tokens, h, kv), (1, tokens, h, kv), attn_g[-1]]
+    else:
+        mms = list(attn_g)
+    if not moe_layer:
+        up, down = ffn_rest
+        if model.gated_mlp:
+            half = (up[0], up[1], up[2], up[3] / 2.0)
+            mms += [half, half, down]
+        else:
+            mms += [up, down]
+    return mms[1::2]
+
+
+def _op_sac_time(model, lay, k: _Kern, tokens, attn_g, ffn_rest, moe_layer: bool, elem_f: float) -> float:
+    """Forward time per-op selective checkpointing repeats in the backward: every elementwise kernel
+    (norms, rope, activation) and the matmuls of ``_op_sac_matmuls``."""
+    return elem_f + k.gemms(_op_sac_matmuls(model, lay.tp, tokens, attn_g, ffn_rest, moe_layer), fp8=True)
 
 
 def _offload_time(hw, nbytes: float, layer_f: float, layer_b: float) -> float:
@@ -442,14 +483,16 @@ def _dp_times(model, hw, lay, k: _Kern, fit: TrainingFit, st: dict, chunks, m: i
     layers = max(1, st["layers"])
     if lay.zero >= 3:
         hier = k.fw.hierarchical
-        pb = lay.fsdp_param_bytes
+        pb = 1.0 if lay.fp8_all_gather else lay.fsdp_param_bytes
         ag = (comm.reduce_scatter(hw, pd_ * pb, n_dense, stride_d, hier)
               + comm.reduce_scatter(hw, pe * pb, n_exp, stride_e, hier))
         rs = (comm.reduce_scatter(hw, pd_ * gb, n_dense, stride_d, hier)
               + comm.reduce_scatter(hw, pe * gb, n_exp, stride_e, hier))
         ag_l, rs_l = ag / layers, rs / layers
+        # resharded after the forward, the backward gathers each layer again; kept, it does not
+        ag_b = 0.0 if lay.reshard_after_forward == "never" else ag_l
         fwd = _hidden(ag_l, st["layer_f"], ov, share)
-        bwd = _hidden(ag_l + rs_l, st["layer_b"], ov, share)
+        bwd = _hidden(ag_b + rs_l, st["layer_b"], ov, share)
         return m * (layers * (fwd + bwd) + ag_l)
     if lay.zero == 0:
         grad = comm.allreduce(hw, pd_ * gb, n_dense, stride_d) + comm.allreduce(hw, pe * gb, n_exp, stride_e)
@@ -484,9 +527,26 @@ def _optimizer_time(model, hw, lay, k: _Kern, chunks) -> float:
     return t
 
 
-# --recompute auto: from the least to the most recomputation (each tried until one fits)
-def _auto_candidates(model, lay):
-    yield dataclasses.replace(lay, recompute="none", recompute_modules=(), recompute_layers=None)
+# --recompute auto: from the least to the most recomputation (each tried until one fits), in the
+# framework's own vocabulary
+def _auto_candidates(model, lay, fw):
+    from .framework import REMAT_POLICIES
+    if fw.ac_style == "maxtext":
+        for policy in ("minimal", "save_dot_with_context_except_mlp", "save_dot_except_mlp", "save_qkv_proj",
+                       "full"):
+            rc, mods, offload = REMAT_POLICIES[policy]
+            yield dataclasses.replace(lay, recompute=rc, recompute_modules=mods, remat_policy=policy,
+                                      offload_layers=(1 << 30) if offload else lay.offload_layers)
+        return
+    yield dataclasses.replace(lay, recompute="none", recompute_modules=(), recompute_layers=None, selective_ac=None)
+    if fw.ac_style == "torchtitan":
+        yield dataclasses.replace(lay, recompute="selective", selective_ac="op")
+        # every 4th layer (a quarter of the layers recomputed), per-op (about 3 of 7 matmuls and the
+        # elementwise kernels of every layer), every 2nd layer, all
+        for opt in ("4", "op", "2"):
+            yield dataclasses.replace(lay, recompute="selective", selective_ac=opt)
+        yield dataclasses.replace(lay, recompute="full", selective_ac=None)
+        return
     mods = [("core_attn",)]
     if model.mla is not None:
         mods.append(("core_attn", "mla_up_proj"))
@@ -540,7 +600,7 @@ def fit_memory(model, hw, lay: TrainLayout, fw=None) -> tuple[TrainLayout, dict]
     if lay.recompute != "auto":
         return lay, _fullest(memory_by_rank(model, hw, lay, fw))
     mem = None
-    for cand in _auto_candidates(model, lay):
+    for cand in _auto_candidates(model, lay, fw):
         mem = _fullest(memory_by_rank(model, hw, cand, fw))
         if mem["total"] <= hw.device_bytes:
             return cand, mem
@@ -551,7 +611,7 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
                check_memory: bool = True) -> TrainResult:
     """Price one training step of ``model`` on ``hw`` with layout ``lay`` (see module docstring)."""
     fw = load_framework(lay.framework)
-    lay = resolve_layout(lay, hw, fw)
+    lay, from_profile = resolve_with_defaults(lay, hw, fw)
     check_layout(model, hw, lay, gpus)
     asked = lay.recompute
     lay, mem = fit_memory(model, hw, lay, fw)
@@ -620,7 +680,7 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
         bubble_fraction=bubble / (m * t_stage + bubble), model_flops_per_token=mf,
         extra={"device_bytes": hw.device_bytes, "num_microbatches": m, "stage_time_s": t_stage,
                "slowest_rank": slow, "mfu_fp8_peak": mfu8, "framework": fw.name,
-               "recompute_asked": asked, "extrapolation": extrapolation_note(hw),
+               "recompute_asked": asked, "extrapolation": extrapolation_note(hw), "from_profile": from_profile,
                "stage_times_s": [r["total"] for r in ranks], "pipeline_layout": layout_text(model, lay),
                "layers_per_rank": [sum(len(c.layers) for c in ch) for ch in chunks]},
     )
@@ -641,12 +701,23 @@ def _recompute_flops_fraction(model, lay) -> float:
                     rec += gemm_flops(layer_gemms(model, moe, 1.0)) + per_layer_attn
                     continue
                 mods = set(lay.modules)
-                if "core_attn" in mods:
+                attn_g = _attention_gemm_split(model, 1.0, 1)[0]
+                ffn = ffn_gemms(model, moe, 1.0, 1, 1)
+                ffn_rest = ffn[1:] if moe else ffn
+                if "core_attn" in mods or "context" in mods:
                     rec += per_layer_attn
                 if ("mlp" in mods and not moe) or ("moe" in mods and moe):
-                    rec += gemm_flops(ffn_gemms(model, moe, 1.0, 1, 1))
+                    rec += gemm_flops(ffn)
                 if "mla_up_proj" in mods:
                     rec += gemm_flops(_attention_gemm_split(model, 1.0, 1)[1])
+                if "qkv_proj" in mods:
+                    rec += gemm_flops(attn_g[:-1])
+                if "out_proj" in mods:
+                    rec += gemm_flops(attn_g[-1:])
+                if "mlp_fc1" in mods:
+                    rec += gemm_flops(ffn_rest[0::2])
+                if lay.op_sac:
+                    rec += gemm_flops(_op_sac_matmuls(model, 1, 1.0, attn_g, ffn_rest, moe))
     return rec / mf if mf > 0 else 0.0
 
 

@@ -5,19 +5,23 @@ import difflib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..training.framework import FP8_RECIPES, REMAT_POLICIES, RESHARD
 from .results import CompareResult, TrainingResult
 
 # the layout keywords of `train` and their defaults (those of ``servesim train``; a test keeps them equal)
 LAYOUT_DEFAULTS = dict(
     framework="megatron", tp=1, pp=1, dp=None, cp=1, cp_comm="ring", ep=1, vp=1, first_stage_layers=None,
-    last_stage_layers=None, account_for_embedding=False, account_for_loss=False, pipeline_layout=None, sp=False, tp_overlap=False,
-    zero=None, dp_overlap=None, fsdp_prefetch=None, fsdp_param_bytes=None, recompute="selective",
-    recompute_layers=None, recompute_modules=None, offload_activations=None, dtype="bf16", fp8_recipe=None,
-    attention=None, dropout=False, seq_len=4096, micro_batch=1, global_batch=256)
+    last_stage_layers=None, account_for_embedding=False, account_for_loss=False, pipeline_layout=None, sp=None,
+    tp_overlap=None, zero=None, dp_overlap=None, fsdp_prefetch=None, fsdp_param_bytes=None, recompute=None,
+    recompute_layers=None, recompute_modules=None, selective_ac=None, remat_policy=None, reshard_after_forward=None,
+    fp8_all_gather=None, offload_activations=None, dtype="bf16", fp8_recipe=None, attention=None, dropout=False,
+    seq_len=4096, micro_batch=1, global_batch=256)
 _CHOICES = {"cp_comm": ("ring", "a2a"), "recompute": ("none", "selective", "full", "auto"), "dtype": ("bf16", "fp8"),
-            "fp8_recipe": ("delayed", "current", "block", "mxfp8"), "attention": ("flash", "fa2", "unfused"),
-            "fsdp_param_bytes": ("2", "4")}
-_FLAGS = ("account_for_embedding", "account_for_loss", "sp", "tp_overlap", "dropout")
+            "fp8_recipe": FP8_RECIPES, "attention": ("flash", "fa2", "unfused"), "fsdp_param_bytes": ("2", "4"),
+            "remat_policy": tuple(REMAT_POLICIES), "reshard_after_forward": RESHARD}
+_OPTIONAL_CHOICES = ("fp8_recipe", "attention", "fsdp_param_bytes", "recompute", "remat_policy", "reshard_after_forward")
+_FLAGS = ("account_for_embedding", "account_for_loss", "dropout")
+_OPTIONAL_FLAGS = ("sp", "tp_overlap", "fp8_all_gather")   # None: the framework profile's
 
 
 def int_list(value, option: str) -> list[int]:
@@ -55,10 +59,13 @@ def _check_layout_options(kw: dict) -> dict:
     if kw["fsdp_param_bytes"] is not None:
         kw["fsdp_param_bytes"] = str(kw["fsdp_param_bytes"])
     for name, choices in _CHOICES.items():
-        check_choice(kw[name], _option(name), choices, none_ok=name in ("fp8_recipe", "attention", "fsdp_param_bytes"))
-    for name in _FLAGS:
-        if not isinstance(kw[name], bool):
-            raise ConfigError(f"{_option(name)} {kw[name]!r} is not valid: must be True or False")
+        check_choice(kw[name], _option(name), choices, none_ok=name in _OPTIONAL_CHOICES)
+    for name in _FLAGS + _OPTIONAL_FLAGS:
+        if not isinstance(kw[name], bool) and not (kw[name] is None and name in _OPTIONAL_FLAGS):
+            raise ConfigError(f"{_option(name)} {kw[name]!r} is not valid: must be True or False"
+                              + (" (or None: the framework's)" if name in _OPTIONAL_FLAGS else ""))
+    if kw["selective_ac"] is not None:
+        kw["selective_ac"] = str(kw["selective_ac"]).strip()
     return kw
 
 
@@ -98,7 +105,9 @@ def base_layout(kw: dict, dp: int = 1):
                        offload_layers=_offload(kw["offload_activations"]), cp_comm=kw["cp_comm"],
                        framework=kw["framework"], fp8_recipe=kw["fp8_recipe"], attention=kw["attention"],
                        dropout=kw["dropout"], dp_overlap=kw["dp_overlap"], fsdp_prefetch=kw["fsdp_prefetch"],
-                       fsdp_param_bytes=int(kw["fsdp_param_bytes"]) if kw["fsdp_param_bytes"] else None)
+                       fsdp_param_bytes=int(kw["fsdp_param_bytes"]) if kw["fsdp_param_bytes"] else None,
+                       selective_ac=kw["selective_ac"], remat_policy=kw["remat_policy"],
+                       reshard_after_forward=kw["reshard_after_forward"], fp8_all_gather=kw["fp8_all_gather"])
 
 
 @dataclass(frozen=True)
