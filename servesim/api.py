@@ -223,6 +223,8 @@ def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profi
     out = run_pools([lp.cost for lp in lowered], ecfg, pools, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
                     _chains(cfg, reqs))
     df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
+    if getattr(reqs, "session", None) is not None and np.any(np.asarray(reqs.session) >= 0):
+        df["session"], df["turn"] = np.asarray(reqs.session, np.int64), np.asarray(reqs.turn, np.int64)
     df["pf_replica"] = np.asarray(out.pf_replica, np.int64)
     df["xfer_start_s"] = np.asarray(out.xfer_start, np.float64) - ecfg.frontend   # on the clients' clock
     df["xfer_end_s"] = np.asarray(out.xfer_end, np.float64) - ecfg.frontend
@@ -250,7 +252,8 @@ def _pools_part(cfg: SimConfig, out, df, meta: list[dict], summary: dict) -> dic
     """The summary's `pools`, `prefix_cache` (prefix caching on) and `kv_transfer_ms` (PD) blocks; the
     deployment's kv_cache_max as the fullest pool's."""
     from .metrics import kv_transfer_summary, pools_summary, prefix_cache_summary
-    pools = pools_summary(df, out, meta, warmup=cfg.warmup)
+    until = summary["drain"]["start_s"] if summary.get("drain") else float("inf")   # the summary's window
+    pools = pools_summary(df, out, meta, warmup=cfg.warmup, until=until)
     for item, m in zip(pools, meta):
         item |= {k: m[k] for k in ("engine", "dtype", "cpu_blocks_per_replica", "engine_fit", "fit", "weights_gib_per_gpu")}
     summary["utilization"]["kv_cache_max"] = max(p["kv_max"] for p in pools)
@@ -258,7 +261,7 @@ def _pools_part(cfg: SimConfig, out, df, meta: list[dict], summary: dict) -> dic
     if cfg.prefix_caching:
         part["prefix_cache"] = prefix_cache_summary(out.prefix)
     if any(m["role"] != "mixed" for m in meta):
-        part["kv_transfer_ms"] = kv_transfer_summary(df, warmup=cfg.warmup)
+        part["kv_transfer_ms"] = kv_transfer_summary(df, warmup=cfg.warmup, until=until)
     return part
 
 

@@ -1,6 +1,7 @@
 """Records -> pandas -> latency percentiles with confidence intervals, throughput, goodput, cost."""
 from __future__ import annotations
 
+import math
 import re
 from typing import NamedTuple
 
@@ -121,14 +122,21 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     differ (default: ``num_gpus_per_replica x replicas`` GPUs at ``usd_per_gpu_hour``); ``peak_flops``,
     ``hbm_bw`` are then per-GPU means and ``num_blocks`` the mean per replica."""
     end = float(out.stats[K.STAT_END_TIME])
-    measured = df[df.arrival_s >= warmup]
-    done = measured[measured.status == "done"]
     n_gpus = num_gpus_per_replica * replicas if num_gpus is None else num_gpus
-    # measurement window: from the end of warm-up to the last completion of a measured request
-    t0 = warmup if warmup > 0 else float(df.arrival_s.min()) if len(df) else 0.0
-    t1 = float(done.finish_s.max()) if len(done) else end
+    t0, t1, open_loop = measurement_window(df, warmup, offered_rate is not None)
+    in_window = (df.arrival_s >= warmup) & (df.arrival_s <= t1) if open_loop else df.arrival_s >= warmup
+    measured = df[in_window]
+    done = measured[measured.status == "done"]
+    if not open_loop:    # offline / closed loop: no offered load; to the last completion of a measured request
+        t1 = float(done.finish_s.max()) if len(done) else end
     window = max(t1 - t0, 1e-12)
-    thr = _throughput(done, window, n_gpus)
+    finished = df[df.status == "done"]
+    delivered = finished[(finished.finish_s >= t0) & (finished.finish_s <= t1)] if open_loop else done
+    thr = _throughput(delivered, t0, window, n_gpus)
+    if open_loop:
+        thr["offered_requests_per_s"] = len(measured) / window
+    thr |= {"window_s": [t0, t1], "whole_run": _whole_run(df, finished)}
+    drain = _drain(df, finished, t1) if open_loop else None
     usd_h = usd_per_gpu_hour * n_gpus if usd_per_hour is None else usd_per_hour
     def per_million(tok_s):
         return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
@@ -180,7 +188,11 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "e2e_ms": describe(done.e2e_s.to_numpy(), b),
         "queue_ms": describe(done.queue_s.to_numpy(), b),
     }
-    slo_report, attainment, goodput = evaluate_slo(slo, metrics, done, window)
+    slo_report, attainment, _ = evaluate_slo(slo, metrics, done, window)
+    goodput = None
+    if slo:     # requests meeting every target, of those completing in the window
+        goodput = float(meets_slo(slo, delivered).sum() / window)
+    sessions = _sessions(df, measured, delivered, window) if "turn" in df else None
     return {
         "num_requests": int(len(df)),
         "num_measured": int(arrivals_in.size),
@@ -201,7 +213,8 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "slo": slo_report,
         "slo_attainment": attainment,
         "goodput_requests_per_s": goodput,
-    } | ({} if stage_list is None else {"stages": stage_list})
+    } | ({} if stage_list is None else {"stages": stage_list}) | ({} if drain is None else {"drain": drain}) \
+        | ({} if sessions is None else {"sessions": sessions})
 
 
 def _ms_stats(x_s) -> dict:
@@ -213,7 +226,7 @@ def _ms_stats(x_s) -> dict:
     return {f"p{p}": CI.sorted_quantile(x, p / 100.0) * 1e3 for p in (50, 90, 99)} | {"mean": float(x.mean()) * 1e3}
 
 
-def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float) -> list[dict]:
+def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float, until: float = math.inf) -> list[dict]:
     """One entry per pool. ``pools``: dicts with name, role, hardware, tp, pp, replicas, first (its first
     replica index), num_gpus, usd_per_hour, kv_blocks_per_replica; ``out.pool_stats`` (P x N_STATS)
     holds each pool's share of the run's totals. ``utilisation``: first-stage busy time / (replicas x
@@ -224,7 +237,7 @@ def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float) ->
     that served them); not for decode pools (the kernel records no decode start; their requests'
     wait is in ``kv_transfer_ms``: transfer start to end, of the requests the pool decoded)."""
     end = max(float(out.stats[K.STAT_END_TIME]), 1e-12)
-    measured = (df.arrival_s >= warmup).to_numpy()
+    measured = ((df.arrival_s >= warmup) & (df.arrival_s <= until)).to_numpy()   # the summary's window
     replica = df.replica.to_numpy()
     pf = df.pf_replica.to_numpy() if "pf_replica" in df else np.full(len(df), -1)
     entry = np.where(pf >= 0, pf, replica)
@@ -259,13 +272,34 @@ def prefix_cache_summary(prefix) -> dict:
             "cpu_reload_s": float(prefix[C.CPU_RELOAD_TIME])}
 
 
-def kv_transfer_summary(df: pd.DataFrame, *, warmup: float) -> dict:
-    """{p50, p90, p99, mean} ms of the KV transfers (end - start) of the measured requests."""
-    d = df[df.arrival_s >= warmup]
+def kv_transfer_summary(df: pd.DataFrame, *, warmup: float, until: float = math.inf) -> dict:
+    """{p50, p90, p99, mean} ms of the KV transfers (end - start) of the measured requests (arriving in
+    [warmup, until])."""
+    d = df[(df.arrival_s >= warmup) & (df.arrival_s <= until)]
     return _ms_stats((d.xfer_end_s - d.xfer_start_s).to_numpy()) | {"count": int(np.isfinite(d.xfer_end_s).sum())}
 
 
-def _throughput(done: pd.DataFrame, window: float, n_gpus: int) -> dict:
+def measurement_window(df: pd.DataFrame, warmup: float, open_loop: bool) -> tuple[float, float, bool]:
+    """(t0, t1, open_loop): the window of the offered load, which the latency statistics, throughput
+    and goodput share. It starts at the end of the warm-up (else the first arrival) and, for an
+    open-loop load, ends at its last arrival: with sessions, the last session's first turn (the turns
+    after it are the started sessions winding down, no load is offered any more). t1 is returned as
+    inf without an open-loop load (the caller ends it at the last completion). A window of one instant
+    (one arrival) is no window: the run is then judged as without an offered load."""
+    sent = df.arrival_s[np.isfinite(df.arrival_s)]
+    t0 = warmup if warmup > 0 else float(sent.min()) if len(sent) else 0.0
+    if not open_loop or not len(sent):
+        return t0, math.inf, False
+    starts = sent[df.turn[np.isfinite(df.arrival_s)] == 0] if "turn" in df else sent
+    t1 = float(starts.max()) if len(starts) else float(sent.max())
+    if not t1 > t0:
+        return t0, math.inf, False
+    return t0, t1, True
+
+
+def _throughput(done: pd.DataFrame, t0: float, window: float, n_gpus: int) -> dict:
+    """Rates of the requests in ``done`` (those completing in the window [t0, t0 + window]) per second
+    of the window, with 95% intervals."""
     in_tok = float(done.prompt_tokens.sum())
     out_tok = float(done.output_tokens.sum())
     return {
@@ -274,27 +308,61 @@ def _throughput(done: pd.DataFrame, window: float, n_gpus: int) -> dict:
         "output_tokens_per_s": out_tok / window,
         "output_tokens_per_s_per_gpu": out_tok / window / n_gpus,
         "total_tokens_per_s": (in_tok + out_tok) / window,
-        "ci95": _throughput_ci(done, window, n_gpus),
+        "ci95": _throughput_ci(done, t0, window, n_gpus),
     }
 
 
-def _throughput_ci(done: pd.DataFrame, window: float, n_gpus: int) -> dict:
+def _throughput_ci(done: pd.DataFrame, t0: float, window: float, n_gpus: int) -> dict:
     """95% intervals of the throughput figures: each is a ratio sum(reward) / sum(time) over the
     completions in finish order, time being the gap since the previous completion (the first from the
-    window's start), so sum(time) = window (`intervals.ratio_ci`, batches sized from the
-    autocorrelation of the gaps and of the tokens)."""
+    window's start) and a last interval of no completion from the last one to the window's end, so
+    sum(time) = window (`intervals.ratio_ci`, batches sized from the autocorrelation of the gaps and
+    of the tokens). A rate is never negative: lower bounds are clipped at 0."""
     d = done.sort_values("finish_s", kind="stable")
     f = d.finish_s.to_numpy(np.float64)
     if f.size == 0:
         return {k: [None, None] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
                                           "output_tokens_per_s_per_gpu", "total_tokens_per_s")}
-    gaps = np.diff(f, prepend=f[-1] - window)
-    inp, outp = d.prompt_tokens.to_numpy(np.float64), d.output_tokens.to_numpy(np.float64)
+    gaps = np.append(np.diff(f, prepend=t0), max(t0 + window - f[-1], 0.0))
+    inp = np.append(d.prompt_tokens.to_numpy(np.float64), 0.0)
+    outp = np.append(d.output_tokens.to_numpy(np.float64), 0.0)
+    ones = np.append(np.ones_like(f), 0.0)
     b = max(CI.batch_size(gaps), CI.batch_size(inp + outp), CI.batch_size(outp))
-    out = {k: CI.ratio_ci(v, gaps, b) for k, v in (("requests_per_s", np.ones_like(f)), ("input_tokens_per_s", inp),
+    out = {k: CI.ratio_ci(v, gaps, b) for k, v in (("requests_per_s", ones), ("input_tokens_per_s", inp),
                                                      ("output_tokens_per_s", outp), ("total_tokens_per_s", inp + outp))}
     out["output_tokens_per_s_per_gpu"] = [None if v is None else v / n_gpus for v in out["output_tokens_per_s"]]
-    return {k: list(v) for k, v in out.items()}
+    return {k: [None if v[0] is None else max(v[0], 0.0), v[1]] for k, v in out.items()}
+
+
+def _whole_run(df: pd.DataFrame, finished: pd.DataFrame) -> dict:
+    """The rates as serving benchmarks report them (vLLM's benchmark_serving.py, trtllm-bench): every
+    completion over the whole run, first send to last completion, the drain included."""
+    sent = df.arrival_s[np.isfinite(df.arrival_s)]
+    span = float(finished.finish_s.max() - sent.min()) if len(finished) and len(sent) else 0.0
+    span = max(span, 1e-12)
+    in_tok, out_tok = float(finished.prompt_tokens.sum()), float(finished.output_tokens.sum())
+    return {"requests_per_s": len(finished) / span, "input_tokens_per_s": in_tok / span,
+            "output_tokens_per_s": out_tok / span, "total_tokens_per_s": (in_tok + out_tok) / span,
+            "duration_s": span}
+
+
+def _drain(df: pd.DataFrame, finished: pd.DataFrame, t1: float) -> dict:
+    """After the offered load ends (t1): how long the run took to finish and what it finished then."""
+    after = finished[finished.finish_s > t1]
+    last = float(finished.finish_s.max()) if len(finished) else t1
+    return {"start_s": t1, "duration_s": max(last - t1, 0.0), "requests": int(len(after)),
+            "output_tokens": int(after.output_tokens.sum()),
+            "arrivals": int((df.arrival_s > t1).sum())}
+
+
+def _sessions(df: pd.DataFrame, measured: pd.DataFrame, delivered: pd.DataFrame, window: float) -> dict | None:
+    """A sessions run: sessions started, turns offered and completed per second of the window."""
+    if not (df.turn >= 0).any() or not (df.session >= 0).any():
+        return None
+    first = measured[measured.turn == 0]
+    return {"sessions_started": int(len(first)), "sessions_per_s": len(first) / window,
+            "offered_turns_per_s": len(measured) / window, "completed_turns_per_s": len(delivered) / window,
+            "turns_per_session": float(df.groupby("session").size().mean())}
 
 
 def _itl_mean(done: pd.DataFrame) -> float:
@@ -408,20 +476,22 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
         return np.clip(k, 0, len(stages) - 1)
 
     k_all, k_meas, k_done = stage_of(df), stage_of(measured), stage_of(done)
+    finished = df[df.status == "done"]
     out = []
     for k, (rate, dur) in enumerate(stages):
         start = float(starts[k])
         d = done[k_done == k]
         arr_k = np.sort(measured.arrival_s.to_numpy()[k_meas == k])
         growth, verdict, reason = _queue_growth(timeline, arr_k, True)
-        t0 = max(start, warmup)
-        t1 = float(d.finish_s.max()) if len(d) else start + float(dur)
+        t0, t1 = max(start, warmup), start + float(dur)     # the stage's offered load
         window = max(t1 - t0, 1e-12)
+        delivered = finished[(finished.finish_s >= t0) & (finished.finish_s <= t1)]
         b = run_batch_size(d)
         itl = {"mean": _itl_mean(d) * 1e3} | {f"p{p}": None for p in PCTS} | {"ci95": _itl_ci(d, b)}
         lat = {"ttft_ms": describe(d.ttft_s.to_numpy(), b), "tpot_ms": describe(d.tpot_s.to_numpy(), b),
                "itl_ms": itl, "e2e_ms": describe(d.e2e_s.to_numpy(), b), "queue_ms": describe(d.queue_s.to_numpy(), b)}
-        slo_report, attainment, goodput = evaluate_slo(slo, lat, d, window)
+        slo_report, attainment, _ = evaluate_slo(slo, lat, d, window)
+        goodput = float(meets_slo(slo, delivered).sum() / window) if slo else None
         for v in slo_report.values():  # ITL percentiles are whole-run only (one gap histogram)
             if v["value_ms"] is None:
                 v["met"] = None
@@ -429,9 +499,21 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
                     "num_requests": int((k_all == k).sum()), "num_measured": int(arr_k.size),
                     "num_completed": int(len(d)), "saturated": verdict == SATURATED,
                     "saturation_verdict": verdict, "saturation_reason": reason, "queue_growth": growth, **lat,
-                    "throughput": _throughput(d, window, n_gpus), "slo": slo_report,
+                    "throughput": _throughput(delivered, t0, window, n_gpus)
+                    | {"offered_requests_per_s": len(arr_k) / window}, "slo": slo_report,
                     "slo_attainment": attainment, "goodput_requests_per_s": goodput})
     return out
+
+
+def meets_slo(slo, done: pd.DataFrame) -> np.ndarray:
+    """Per request: each of its own latencies meets every target (a NaN, e.g. the TPOT of a 1-token
+    reply, fails none)."""
+    ok = np.ones(len(done), dtype=bool)
+    for key, target in slo.items():
+        metric = key.split("_")[0]
+        col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "itl": "max_gap_s"}[metric]
+        ok &= ~(done[col].to_numpy() > target)
+    return ok
 
 
 def evaluate_slo(slo, metrics: dict, done: pd.DataFrame, window: float):
@@ -439,15 +521,12 @@ def evaluate_slo(slo, metrics: dict, done: pd.DataFrame, window: float):
     a request counts toward goodput when each of its own latencies meets every target
     (DistServe, Zhong et al. OSDI 2024, sec. 2)."""
     report = {}
-    ok = np.ones(len(done), dtype=bool)
     for key, target in slo.items():
         metric, stat = key.split("_")
         value = metrics[f"{metric}_ms"].get(stat)
         report[key] = {"target_ms": target * 1e3, "value_ms": value,
                        "met": value is not None and value <= target * 1e3}
-        col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "itl": "max_gap_s"}[metric]
-        v = done[col].to_numpy()
-        ok &= ~(v > target)   # NaN (e.g. TPOT of a 1-token reply) does not fail a request
+    ok = meets_slo(slo, done)
     attainment = float(ok.mean()) if len(done) and slo else None
     goodput = float(ok.sum() / window) if slo else None
     return report, attainment, goodput

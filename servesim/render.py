@@ -125,6 +125,28 @@ def _fit_lines(s: dict) -> list[str]:
             for k, f in enumerate(fits)]
 
 
+def _offered(t: dict) -> str:
+    """' delivered of X offered' for a run with an offered load (summaries written before it have none)."""
+    return "" if t.get("offered_requests_per_s") is None else f" delivered of {t['offered_requests_per_s']:.2f} offered"
+
+
+def _window_lines(s: dict) -> list[str]:
+    """The window the rates and latencies cover, the drain after it, and a sessions run's turns."""
+    t, out = s["throughput"], []
+    if s.get("drain") and t.get("window_s"):
+        lo, hi = t["window_s"]
+        d = s["drain"]
+        out.append(f"            over the offered load, {lo:.1f}-{hi:.1f} s (the latencies' window); drain after it "
+                   f"{d['duration_s']:.1f} s, {d['requests']} completions"
+                   + (f", {d['arrivals']} later turns" if s.get("sessions") else ""))
+    if s.get("sessions"):
+        x = s["sessions"]
+        out.append(f"sessions    {x['sessions_started']} started ({x['sessions_per_s']:.2f}/s, "
+                   f"{x['turns_per_session']:.2f} turns each); turns offered {x['offered_turns_per_s']:.2f}/s, "
+                   f"completed {x['completed_turns_per_s']:.2f}/s")
+    return out
+
+
 def _verdict(s: dict) -> str:
     """SATURATED, stable or undetermined (`saturated` alone in summaries written before the verdict)."""
     v = s.get("saturation_verdict") or ("saturated" if s["saturated"] else "stable")
@@ -171,9 +193,12 @@ def summary_table(s: dict) -> str:
     t, u, cost = s["throughput"], s["utilization"], s["cost"]
     lines += [
         "",
-        f"throughput  {t['requests_per_s']:.2f} req/s{_tci(t, 'requests_per_s')}, {t['input_tokens_per_s']:.0f} "
-        f"input tok/s, {t['output_tokens_per_s']:.0f} output tok/s{_tci(t, 'output_tokens_per_s')} "
-        f"({t['output_tokens_per_s_per_gpu']:.0f} per GPU)",
+        f"throughput  {t['requests_per_s']:.2f} req/s{_tci(t, 'requests_per_s')}{_offered(t)}, "
+        f"{t['input_tokens_per_s']:.0f} input tok/s, {t['output_tokens_per_s']:.0f} output tok/s"
+        f"{_tci(t, 'output_tokens_per_s')} ({t['output_tokens_per_s_per_gpu']:.0f} per GPU)",
+    ]
+    lines += _window_lines(s)
+    lines += [
         f"utilisation batch {u['mean_batch_size']:.1f} seqs, busy {100 * u['busy_fraction']:.0f}% (a batch in flight)"
         + _stages_busy(u) + ", "
         f"KV mean {100 * u['kv_cache_mean']:.0f}% / max {100 * u['kv_cache_max']:.0f}%, "
