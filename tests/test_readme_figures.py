@@ -920,6 +920,7 @@ class Exempt:
 
 EXEMPT = [
     Exempt(SIM, r"with 95%\s+confidence intervals", "the intervals' level, a definition"),
+    Exempt(SIM, r"At 30, 60 and 90% of capacity", "the loads tests/test_delivered_rates.py runs at, not a measurement"),
     Exempt(SIM, r"judging completions called 4 of 20 short runs at 27% load saturated",
            "the rule that was rejected, measured when the saturation verdict was designed"),
     Exempt(TRAIN, r"copies of GEMM inputs at 1 B", "fp8 is one byte: a definition"),
