@@ -6,7 +6,9 @@ Runs CODE (default: a 100-request `servesim.simulate`) in a fresh interpreter wi
 `NUMBA_CACHE_DIR`, with a listener on numba's ``"numba:compile"`` event (`numba.core.event`,
 numba >= 0.52), which is broadcast around each dispatcher's compilation of one signature. A
 function's compilation includes the typing, and so the compilation, of the jitted functions it
-calls; its *self* time is its inclusive time less that of the compilations nested in it. Prints
+calls; its *self* time is its inclusive time less that of the compilations nested in it. Times are
+CPU seconds of the process (`time.process_time`: compiling is single-threaded, and CPU time is less
+disturbed than wall time by other work on a shared machine). Prints
 the functions by self time, the total and the wall time of the whole process; with ``--out``
 writes the same table as Markdown (with the date and the machine's core count).
 """
@@ -35,18 +37,18 @@ stack = []
 class L(ev.Listener):
     def on_start(self, event):
         d = event.data["dispatcher"]
-        stack.append([d.py_func.__module__ + "." + d.py_func.__qualname__, time.perf_counter(), 0.0])
+        stack.append([d.py_func.__module__ + "." + d.py_func.__qualname__, time.process_time(), 0.0])
     def on_end(self, event):
         name, t0, nested = stack.pop()
-        dt = time.perf_counter() - t0
+        dt = time.process_time() - t0
         if stack:
             stack[-1][2] += dt
         rows.append((name, dt, dt - nested))
 
 ev.register("numba:compile", L())
-t0 = time.perf_counter()
+t0 = time.process_time()
 exec(compile(sys.argv[1], "<bench>", "exec"))
-wall = time.perf_counter() - t0
+wall = time.process_time() - t0
 json.dump({"rows": rows, "wall": wall}, open(sys.argv[2], "w"))
 """
 
@@ -75,7 +77,7 @@ def table(res: dict, top: int) -> list[str]:
         lines.append(f"| `{name.removeprefix('servesim.')}` | {n} | {self_:.2f} | {incl:.2f} |")
     lines.append("")
     lines.append(f"{len(agg)} functions, {len(res['rows'])} compilations, {total:.1f} s compiling (sum of self "
-                 f"times); {res['wall']:.1f} s in the interpreter's code, {res['process']:.1f} s the whole process.")
+                 f"times); {res['wall']:.1f} CPU s in the interpreter's code; {res['process']:.1f} s wall, the whole process.")
     return lines
 
 

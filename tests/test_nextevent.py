@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.engine import codes as C
-from servesim.engine.nextevent import first_nb, new_tree_nb, set_time_nb
+from servesim.engine.nextevent import first_nb, new_tree, set_time_nb
 from test_reference_agreement import assert_agree
 
 # pure-Python versions of the jitted functions (they have no Python entry point)
-new_tree, set_time, first = new_tree_nb.py_func, set_time_nb.py_func, first_nb.py_func
+set_time, first = set_time_nb.py_func, first_nb.py_func
 
 
 @settings(max_examples=200, deadline=None)

@@ -326,7 +326,7 @@ PER_REQUEST = ("arrival", "scheduled", "first_token", "finish", "preemptions", "
 
 def both(ps, cfg, pools, arrival, prompt, output, chains, seed=0):
     from servesim.engine import kernel
-    simulate = getattr(kernel, "simulate_pools", kernel.simulate_pools_nb)   # (pads ps, where it exists)
+    simulate = kernel.simulate_pools
     n = len(prompt)
     rng = np.random.default_rng(seed)
     u1, u2 = rng.random(n), rng.random(n)

@@ -54,10 +54,10 @@ def test_reachable_sources_include_the_constants_kernels_read():
 def test_numba_picks_one_of_the_guarded_folders(tmp_path):
     # ask numba's own locator, with NUMBA_CACHE_DIR set and unset, where it caches the kernel
     code = ("import json\nfrom numba.core.caching import CompileResultCacheImpl\n"
-            "from servesim import _jitcache\nfrom servesim.engine.kernel import simulate_pools_nb\n"
+            "from servesim import _jitcache\nfrom servesim.engine.kernel import run_nb\n"
             "from servesim.costmodel.kernels import gemm_time_nb\n"
             "dirs = {str(d) for d in _jitcache.cache_dirs(_jitcache.jitted_sources())}\n"
-            "got = [CompileResultCacheImpl(f.py_func).locator.get_cache_path() for f in (simulate_pools_nb, gemm_time_nb)]\n"
+            "got = [CompileResultCacheImpl(f.py_func).locator.get_cache_path() for f in (run_nb, gemm_time_nb)]\n"
             "print(json.dumps([g in dirs for g in got] + got))")
     src = _copy(tmp_path)
     out = json.loads(_run(src, code, tmp_path / "numba-cache"))

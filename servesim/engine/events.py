@@ -59,7 +59,7 @@ def wake_nb(pools, rp, r, at):
         set_time_nb(rp.wake_at, rp.wake_tree, r, at)
 
 
-@njit(inline="always", **HANDLER)
+@njit(**HANDLER)
 def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
     their blocks; on a prefill replica a finished prompt goes to a decode replica."""
@@ -292,7 +292,7 @@ def rejects_nb(cfg, pools, rp, rq, r, i):
     return True
 
 
-@njit(inline="always", **HANDLER)
+@njit(**HANDLER)
 def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
     """Request i arrives: route it, reject it if it can never fit, else queue it."""
     r = route_nb(cfg, rq, rp, pools, cache, chains, i, ctr[ROUTED])
@@ -307,25 +307,24 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
     wake_nb(pools, rp, r, max(rp.next_free[r], now))
 
 
-@njit(inline="always", **HANDLER)
-def schedule_nb(ps, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now):
+@njit(**HANDLER)
+def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now):
     """A scheduling decision on replica r: form one micro-batch and launch it."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.pool[r]
-    p = ps[pl]
     before = stats[pl, STAT_PREEMPTIONS]
     if cfg.policy == C.STATIC:
-        nb, swap_s = static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
+        nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
-        nb, swap_s = continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now)
+        nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now)
     if nb > 0:
-        launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
+        launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
 
 
-@njit(inline="always", **HANDLER)
+@njit(**HANDLER)
 def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it."""
     pl = rp.pool[r]

@@ -11,8 +11,8 @@ kept in tournament trees (`nextevent.py`), so choosing them does not scan the re
 The state is declared in `state.py`, the handlers are in `events.py` (one per event kind), the
 batch formation policies in `schedule.py`, the prefix cache in `prefix.py`, session turns and KV
 transfers in `flow.py`; the semantics of pools, prefix caching and disaggregation in POOLS.md.
-`simulate_pools_nb` allocates the state and `run_nb` runs the loop over it; the handlers are
-inlined into the loop, which borrows the arrays (`jit.HANDLER`). `simulate_nb` is the one-pool case.
+`simulate_pools` allocates the state (in NumPy) and `run_nb` runs the loop over it; the handlers
+borrow the arrays (`jit.HANDLER`). `simulate_nb` is the one-pool case.
 """
 from __future__ import annotations
 
@@ -28,40 +28,9 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     ENDED, HEAP_N, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
-    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output_nb, new_cache,
+    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, new_cache,
     new_counters, new_flow, new_log, new_replicas, new_requests, new_step,
 )
-
-
-@njit(cache=True)
-def simulate_pools_nb(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
-    """``ps``: one CostParams per pool; ``pools``, ``chains``: see engine/POOLS.md."""
-    n = prompt.shape[0]
-    rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
-    ctr = new_counters(cfg, n)
-    rp = new_replicas(cfg, pools)
-    cache = new_cache(cfg, pools, ctr)
-    pd = False
-    for k in range(pools.role.shape[0]):
-        if pools.role[k] == C.DECODE:
-            pd = True
-    flow = new_flow(n, pd)
-    log = new_log(cfg.log_size)
-    P = pools.role.shape[0]
-    pool_stats = np.zeros((P, N_STATS))
-    prefix = np.zeros(C.N_PREFIX)
-    gap_hist = np.zeros(C.GAP_BINS, np.int64)
-    run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr, pool_stats, prefix,
-           gap_hist)
-    stats = np.zeros(N_STATS)
-    for k in range(P):      # the pools summed in order; the largest KV in use, the run's end time
-        for j in range(N_STATS):
-            if j == STAT_KV_MAX or j == STAT_END_TIME:
-                if pool_stats[k, j] > stats[j]:
-                    stats[j] = pool_stats[k, j]
-            else:
-                stats[j] += pool_stats[k, j]
-    return engine_output_nb(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
 
 
 def single_pool(cfg):
@@ -108,8 +77,25 @@ def padded(ps: tuple) -> tuple:
 
 
 def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
-    """`simulate_pools_nb` with ``ps`` padded (`padded`)."""
-    return simulate_pools_nb(padded(tuple(ps)), cfg, pools, arrival, prompt, output, u1, u2, chains)
+    """Run the kernel: ``ps`` one CostParams per pool (padded, `padded`); ``pools``, ``chains``: see
+    engine/POOLS.md. The state is allocated here, in NumPy, and `run_nb` runs the loop over it."""
+    n = prompt.shape[0]
+    rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
+    ctr = new_counters(cfg, n)
+    rp = new_replicas(cfg, pools)
+    cache = new_cache(cfg, pools, ctr)
+    flow = new_flow(n, bool(np.any(pools.role == C.DECODE)))
+    log = new_log(cfg.log_size)
+    pool_stats = np.zeros((pools.role.shape[0], N_STATS))
+    prefix = np.zeros(C.N_PREFIX)
+    gap_hist = np.zeros(C.GAP_BINS, np.int64)
+    swap = np.array([[p.swap_alpha, p.swap_bw] for p in ps], np.float64)
+    run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
+           pool_stats, prefix, gap_hist)
+    stats = pool_stats.sum(axis=0)          # the pools summed in order; the largest KV in use, the run's end time
+    for j in (STAT_KV_MAX, STAT_END_TIME):
+        stats[j] = max(0.0, pool_stats[:, j].max())
+    return engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
 
 
 def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit):
@@ -141,8 +127,8 @@ def skip_followups_nb(rq, ctr):
         ctr[NEXT_ARRIVAL] += 1
 
 
-@njit(**HANDLER)
-def run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist):
+@njit(cache=True, _nrt=False)
+def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist):
     """The event loop over state the caller owns (borrowed: see `jit.py`)."""
     n = rq.prompt.shape[0]
     now = 0.0
@@ -170,7 +156,7 @@ def run_nb(ps, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, p
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(ps, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now)
+            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now)
     for r in range(cfg.replicas):
         if rp.n_in_flight[r] > 0:
             stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]

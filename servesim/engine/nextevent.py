@@ -17,17 +17,17 @@ from numba import njit
 from .jit import HANDLER
 
 
-@njit(cache=True, no_cpython_wrapper=True)
-def new_tree_nb(n):
+def new_tree(n):
     """(keys, tree) for n leaves, every time inf."""
     m = 1
     while m < n:
         m *= 2
     tree = np.zeros(2 * m, np.int64)
-    for j in range(m):
-        tree[m + j] = j
-    for node in range(m - 1, 0, -1):
-        tree[node] = tree[2 * node]
+    tree[m:] = np.arange(m)
+    lo = m
+    while lo > 1:           # each inner node: its left child's winner (every time is inf)
+        hi, lo = lo, lo // 2
+        tree[lo:hi] = tree[2 * lo:2 * hi:2]
     return np.full(m, math.inf), tree
 
 

@@ -195,7 +195,7 @@ def lookup_nb(cfg, rq, cache, chains, r, i):
 
 
 @njit(**HANDLER)
-def commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c):
+def commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c):
     """Request i takes the h cached blocks of its chain on replica r; returns the seconds its CPU
     tier hits take to reload over PCIe."""
     base = chains.start[i]
@@ -224,7 +224,8 @@ def commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
     prefix[C.HIT_CPU_TOKENS] += c * cfg.block_size
     if c == 0:
         return 0.0
-    s = p.swap_alpha + c * cfg.block_size * pools.kv_bytes_per_token[rp.pool[r]] / p.swap_bw
+    k = rp.pool[r]
+    s = swap[k, 0] + c * cfg.block_size * pools.kv_bytes_per_token[k] / swap[k, 1]
     prefix[C.CPU_RELOAD_TIME] += s
     return s
 

@@ -77,17 +77,19 @@ def cached_nb(cfg, rq, cache, chains, r, i):
 
 
 @njit(**HANDLER)
-def swap_seconds_nb(p, pools, rp, rq, r, i):
-    return p.swap_alpha + rq.computed[i] * pools.kv_bytes_per_token[rp.pool[r]] / p.swap_bw
+def swap_seconds_nb(swap, pools, rp, rq, r, i):
+    """Moving request i's KV between GPU and host: swap[pool] = (latency s, B/s) of the PCIe path."""
+    k = rp.pool[r]
+    return swap[k, 0] + rq.computed[i] * pools.kv_bytes_per_token[k] / swap[k, 1]
 
 
 @njit(**HANDLER)
-def preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v):
+def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, stats, r, v):
     """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
     swap_s = 0.0
     release_nb(cfg, rq, rp, cache, chains, r, v, rq.blocks[v])
     if cfg.preemption == C.SWAP:
-        swap_s = swap_seconds_nb(p, pools, rp, rq, r, v)
+        swap_s = swap_seconds_nb(swap, pools, rp, rq, r, v)
         rq.status[v] = C.SWAPPED
         rq.reg_done[v] = True
     else:
@@ -112,7 +114,7 @@ def preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v):
 
 
 @njit(**HANDLER)
-def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
+def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
     """When nothing runs, admit a whole batch reserving every prompt and output block; then run it.
     Returns (members, seconds of CPU-tier reloads)."""
     B = cfg.max_num_seqs
@@ -129,7 +131,7 @@ def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, 
             if cfg.prefix_caching and rq.computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += rq.prompt[i]
             if h > 0:
-                reload_s += commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
+                reload_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
             take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
             rq.blocks[i] += need
             rq.status[i] = C.RUNNING
@@ -149,8 +151,8 @@ def static_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, 
     return nb, reload_s
 
 
-@njit(inline="always", **HANDLER)
-def continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now):
+@njit(**HANDLER)
+def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now):
     """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s)."""
     B = cfg.max_num_seqs
     wm = pools.watermark_blocks[rp.pool[r]]
@@ -234,7 +236,7 @@ def continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, 
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
                         break
-                    swap_s += preempt_nb(p, cfg, pools, rq, rp, cache, chains, stats, r, v)
+                    swap_s += preempt_nb(swap, cfg, pools, rq, rp, cache, chains, stats, r, v)
                     preempted_now = True
                     if v == i:
                         victim_self = True
@@ -273,9 +275,9 @@ def continuous_batch_nb(p, cfg, pools, rq, rp, cache, chains, step, ctr, stats, 
             if cfg.prefix_caching and computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += prompt[i]
             if h > 0:
-                swap_s += commit_hit_nb(p, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
+                swap_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
             if status[i] == C.SWAPPED:
-                swap_s += swap_seconds_nb(p, pools, rp, rq, r, i)
+                swap_s += swap_seconds_nb(swap, pools, rp, rq, r, i)
             status[i] = C.RUNNING
             if math.isnan(rq.scheduled[i]):
                 rq.scheduled[i] = now

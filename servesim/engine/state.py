@@ -1,9 +1,9 @@
 """The engine's state, declared once: configuration, requests, replicas, the micro-batch being
 formed, the run's counters and outputs. Structures of arrays in NamedTuples (immutable bundles of
-mutable arrays), built by jitted constructors, passed whole to the event handlers.
+mutable arrays), built in NumPy by the constructors below, passed to the jitted event loop.
 
 Names follow the reference simulator (`servesim.reference.sim`): its `Request` and `Replica`
-attributes are the arrays of `Requests` and `Replicas` here, one element per request or replica.
+attributes are the fields of `request_dtype` and the arrays of `Replicas` here, one element per request or replica.
 """
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from . import codes as C
-from .nextevent import new_tree_nb
+from .nextevent import new_tree
 
 INF = math.inf
 
@@ -123,7 +122,7 @@ LOG_COUNT = 5               # iteration samples in the log
 LOG_STRIDE = 6              # one sample kept every LOG_STRIDE iterations
 ROUTED_D = 7                # transfers routed to decode replicas (round-robin)
 HEAP_N = 8                  # session turns pending in the arrival heap
-HELD_HEAD = 9               # requests waiting for a decode replica: a FIFO through Requests.q_next
+HELD_HEAD = 9               # requests waiting for a decode replica: a FIFO through the requests' q_next
 HELD_TAIL = 10
 N_ACTIVE = 11               # KV transfers in flight (Flow.active)
 XFER_NEXT = 12              # the transfer that ends first (-1: none)
@@ -131,43 +130,46 @@ ENTRIES_FREE = 13           # unused prefix-cache entries on the stack (Cache.fr
 N_COUNTERS = 14
 
 
-class Requests(NamedTuple):
-    """One element per request. Inputs first (read only), then the state the engine keeps."""
-    prompt: np.ndarray
-    output: np.ndarray
-    u1: np.ndarray              # router draws
-    u2: np.ndarray
-    arrival: np.ndarray         # engine arrival (closed loop: filled in when a client sends)
-    scheduled: np.ndarray
-    first_token: np.ndarray
-    finish: np.ndarray
-    last_token: np.ndarray
-    max_gap: np.ndarray
-    preemptions: np.ndarray
-    replica: np.ndarray
-    status: np.ndarray          # codes.NOT_ARRIVED ... REJECTED
-    computed: np.ndarray        # tokens whose KV is in the cache (prompt and generated)
-    generated: np.ndarray       # output tokens emitted so far
-    blocks: np.ndarray          # KV blocks held
-    in_flight: np.ndarray
-    q_next: np.ndarray          # next request in its replica's waiting queue or the held FIFO (-1: last)
-    followup: np.ndarray        # a session's later turn: sent when the turn before ends
-    n_ref: np.ndarray           # its first n_ref chain blocks are prefix-cache entries it references
-    reg_done: np.ndarray        # stopped registering blocks in the prefix cache
-    pf_replica: np.ndarray      # the prefill replica (-1: none)
-    src_blocks: np.ndarray      # blocks still held on the prefill replica during the transfer
-    xfer_start: np.ndarray
-    xfer_end: np.ndarray        # when the transfer ends (estimate while in flight)
-    xfer_left: np.ndarray       # bytes left to move
-    xfer_ev: np.ndarray         # its next event: the bytes done (xfer_left > 0), else the transfer done
-    xfer_t: np.ndarray          # when xfer_left was last brought up to date
+# One record per request (a NumPy structured array: the kernel's handlers receive it as one array,
+# `rq.prompt[i]` reads a field). Inputs first (read only), then the state the engine keeps; with
+# the initial value `new_requests` gives each field.
+request_dtype = np.dtype([
+    ("prompt", np.int64),
+    ("output", np.int64),
+    ("u1", np.float64),             # router draws
+    ("u2", np.float64),
+    ("arrival", np.float64),        # engine arrival (closed loop: filled in when a client sends)
+    ("scheduled", np.float64),      # nan
+    ("first_token", np.float64),    # nan
+    ("finish", np.float64),         # nan
+    ("last_token", np.float64),     # nan
+    ("max_gap", np.float64),
+    ("preemptions", np.int64),
+    ("replica", np.int64),          # -1
+    ("status", np.int64),           # codes.NOT_ARRIVED ... REJECTED
+    ("computed", np.int64),         # tokens whose KV is in the cache (prompt and generated)
+    ("generated", np.int64),        # output tokens emitted so far
+    ("blocks", np.int64),           # KV blocks held
+    ("in_flight", np.bool_),
+    ("q_next", np.int64),           # -1; next request in its replica's waiting queue or the held FIFO (-1: last)
+    ("followup", np.bool_),         # a session's later turn: sent when the turn before ends
+    ("n_ref", np.int64),            # its first n_ref chain blocks are prefix-cache entries it references
+    ("reg_done", np.bool_),         # stopped registering blocks in the prefix cache
+    ("pf_replica", np.int64),       # -1; the prefill replica (-1: none)
+    ("src_blocks", np.int64),       # blocks still held on the prefill replica during the transfer
+    ("xfer_start", np.float64),     # nan
+    ("xfer_end", np.float64),       # nan; when the transfer ends (estimate while in flight)
+    ("xfer_left", np.float64),      # bytes left to move
+    ("xfer_ev", np.float64),        # its next event: the bytes done (xfer_left > 0), else the transfer done
+    ("xfer_t", np.float64),         # when xfer_left was last brought up to date
+])
 
 
 class Replicas(NamedTuple):
     """One element (row) per replica; pipeline slots are flattened to index r * cfg.pp + s (cfg.pp:
     the deepest pool's stages)."""
     pool: np.ndarray
-    q_head: np.ndarray          # waiting queue: a linked list through Requests.q_next
+    q_head: np.ndarray          # waiting queue: a linked list through the requests' q_next
     q_tail: np.ndarray
     n_waiting: np.ndarray
     running: np.ndarray         # (R, max_num_seqs) running requests in admission order
@@ -236,53 +238,32 @@ class Log(NamedTuple):
     waiting: np.ndarray
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_requests(arrival, prompt, output, u1, u2, next_turn):
     n = prompt.shape[0]
-    followup = np.zeros(n, np.bool_)
-    sent = arrival.copy()
-    for i in range(n):
-        if next_turn[i] >= 0:
-            followup[next_turn[i]] = True
-            sent[next_turn[i]] = np.inf     # sent when the turn before ends
-    return Requests(prompt, output, u1, u2, sent, np.full(n, np.nan), np.full(n, np.nan),
-                    np.full(n, np.nan), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
-                    np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
-                    np.zeros(n, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64), followup,
-                    np.zeros(n, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64), np.zeros(n, np.int64),
-                    np.full(n, np.nan), np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n))
+    rq = np.zeros(n, request_dtype)
+    for name, v in (("prompt", prompt), ("output", output), ("u1", u1), ("u2", u2), ("arrival", arrival)):
+        rq[name] = v
+    for name in ("scheduled", "first_token", "finish", "last_token", "xfer_start", "xfer_end"):
+        rq[name] = np.nan
+    for name in ("replica", "q_next", "pf_replica"):
+        rq[name] = -1
+    later = next_turn[next_turn >= 0]
+    rq["followup"][later] = True
+    rq["arrival"][later] = np.inf   # a session's later turn is sent when the turn before ends
+    return rq
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_replicas(cfg, pools):
     R = cfg.replicas
     B = cfg.max_num_seqs
     S = R * cfg.pp
-    wake_at, wake_tree = new_tree_nb(R)
-    slot_end, slot_tree = new_tree_nb(S)
-    pool = np.zeros(R, np.int64)
-    free = np.zeros(R, np.int64)
-    n_entry = 0
-    n_decode = 0
-    for k in range(pools.role.shape[0]):
-        for r in range(pools.first[k], pools.first[k] + pools.count[k]):
-            pool[r] = k
-            free[r] = pools.num_blocks[k]
-            if pools.role[k] == C.DECODE:
-                n_decode += 1
-            else:
-                n_entry += 1
-    entry = np.zeros(n_entry, np.int64)
-    decode = np.zeros(n_decode, np.int64)
-    a = 0
-    b = 0
-    for r in range(R):
-        if pools.role[pool[r]] == C.DECODE:
-            decode[b] = r
-            b += 1
-        else:
-            entry[a] = r
-            a += 1
+    wake_at, wake_tree = new_tree(R)
+    slot_end, slot_tree = new_tree(S)
+    pool = np.repeat(np.arange(pools.role.shape[0], dtype=np.int64), pools.count).astype(np.int64)
+    free = pools.num_blocks[pool].astype(np.int64)
+    is_decode = pools.role[pool] == C.DECODE
+    entry = np.flatnonzero(~is_decode).astype(np.int64)
+    decode = np.flatnonzero(is_decode).astype(np.int64)
     return Replicas(pool, np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.zeros(R, np.int64),
                     np.full((R, B), -1, np.int64), np.zeros(R, np.int64), free,
                     np.zeros(R, np.int64), np.zeros(R), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
@@ -292,44 +273,33 @@ def new_replicas(cfg, pools):
                     np.full(R, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), entry, decode)
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_cache(cfg, pools, ctr):
     """Room for every block a replica can hold on its GPU and CPU tier (none without prefix caching)."""
-    E = 0
-    if cfg.prefix_caching:
-        for k in range(pools.role.shape[0]):
-            E += pools.count[k] * (pools.num_blocks[k] + pools.cpu_blocks[k])
+    E = int(np.sum(pools.count * (pools.num_blocks + pools.cpu_blocks))) if cfg.prefix_caching else 0
     H = 1
     while H < 2 * E:
         H *= 2
-    stack = np.zeros(E, np.int64)
-    for e in range(E):
-        stack[e] = E - 1 - e
     ctr[ENTRIES_FREE] = E
     return Cache(np.zeros(E, np.int64), np.zeros(E, np.int64), np.zeros(E, np.int64), np.zeros(E, np.int64),
-                 np.full(E, -1, np.int64), np.full(E, -1, np.int64), stack, np.full(H, -1, np.int64),
-                 np.zeros(H, np.int64))
+                 np.full(E, -1, np.int64), np.full(E, -1, np.int64), np.arange(E - 1, -1, -1, dtype=np.int64),
+                 np.full(H, -1, np.int64), np.zeros(H, np.int64))
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_flow(n, pd):
     m = n if pd else 1
     return Flow(np.zeros(n), np.zeros(n, np.int64), np.zeros(m, np.int64))
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_step(B):
     return Step(np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.int64))
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_log(size):
     L = max(size, 2)
     return Log(np.zeros(L), np.zeros(L, np.int64), np.zeros(L, np.int64), np.zeros(L, np.int64),
                np.zeros(L, np.int64), np.zeros(L, np.int64))
 
 
-@njit(cache=True, no_cpython_wrapper=True)
 def new_counters(cfg, n):
     ctr = np.zeros(N_COUNTERS, np.int64)
     ctr[SENT] = min(cfg.concurrency, n) if cfg.concurrency > 0 else n
@@ -340,12 +310,11 @@ def new_counters(cfg, n):
     return ctr
 
 
-@njit(cache=True, no_cpython_wrapper=True)
-def engine_output_nb(rq, log, ctr, gap_hist, stats, pool_stats, prefix):
-    k = ctr[LOG_COUNT]
-    return EngineOutput(rq.arrival, rq.scheduled, rq.first_token, rq.finish, rq.preemptions, rq.replica,
-                        rq.status, rq.max_gap, gap_hist, log.time[:k].copy(), log.replica[:k].copy(),
+def engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix):
+    k = int(ctr[LOG_COUNT])
+    f = lambda name: np.ascontiguousarray(rq[name])  # noqa: E731  (a field of the records, as its own array)
+    return EngineOutput(f("arrival"), f("scheduled"), f("first_token"), f("finish"), f("preemptions"), f("replica"),
+                        f("status"), f("max_gap"), gap_hist, log.time[:k].copy(), log.replica[:k].copy(),
                         log.seqs[:k].copy(), log.tokens[:k].copy(), log.kv_blocks[:k].copy(),
-                        log.waiting[:k].copy(), k, stats, pool_stats, prefix, rq.xfer_start, rq.xfer_end,
-                        rq.pf_replica)
-
+                        log.waiting[:k].copy(), k, stats, pool_stats, prefix, f("xfer_start"), f("xfer_end"),
+                        f("pf_replica"))
