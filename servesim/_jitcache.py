@@ -144,3 +144,37 @@ def ensure_fresh() -> None:
             _write_atomic(stamp, digest + "\n")
         except OSError:
             pass   # read-only: numba cannot cache there either
+
+
+# ------------------------------------------------------------------ the cold-compile notice
+# CPU seconds of a plain run's cold compile on this project's 2-core machine
+# (experiments/compile_times.py; the figures in experiments/results/compile_times.md).
+COLD_COMPILE_S = 30
+NOTICE = "compiling the simulator (first run only, about {s} s)"
+_notice = {"installed": False, "said": False}
+
+
+def compile_notice() -> None:
+    """From now on, the first compilation of a servesim jitted function in this process (numba found
+    nothing cached for it) prints one line on stderr, `NOTICE`, before the compile starts: a cold
+    compile takes far more than a second. Listens to numba's "numba:compile" event; idempotent."""
+    if _notice["installed"]:
+        return
+    import sys
+
+    from numba.core import event
+
+    class _Notice(event.Listener):
+        def on_start(self, ev):
+            if _notice["said"]:
+                return
+            func = getattr(ev.data.get("dispatcher"), "py_func", None)
+            if getattr(func, "__module__", "").startswith(_PACKAGE + "."):
+                _notice["said"] = True
+                print(NOTICE.format(s=COLD_COMPILE_S), file=sys.stderr, flush=True)
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", _Notice())
+    _notice["installed"] = True

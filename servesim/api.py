@@ -22,7 +22,7 @@ from .workload import build_requests, load_workload, with_shared_prefix
 from .workload.spec import with_sessions
 from .workload.arrivals import daily_window
 
-__all__ = ["Result", "SimConfig", "replica_of", "resolve", "simulate"]
+__all__ = ["Result", "SimConfig", "replica_of", "resolve", "simulate", "warmup"]
 
 
 @dataclass
@@ -313,7 +313,9 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     >>> res.summary["saturation_verdict"], len(res.requests), res.summary["slo_attainment"]
     ('stable', 200, 1.0)
     """
+    from ._jitcache import compile_notice
     from .checks import sim_config
+    compile_notice()        # a cold numba cache: one line on stderr before compiling
     given = cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     from .pools import check_block_size, specs_of
@@ -381,3 +383,29 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
     return Result(config, summary, df, iters, out.gap_hist)
+
+
+# One small run of each set of features the kernel is compiled for (`servesim warmup`): one pool, the
+# prefix cache with sessions and a CPU tier, prefill/decode pools, more than four pools.
+WARMUP_RUNS = {
+    "single pool": dict(),
+    "prefix cache, sessions, CPU tier": dict(workload="sessions", cpu_kv_gib=1.0, router="prefix-aware"),
+    "prefill/decode pools": dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
+                                 layerwise_transfer=True),
+    "five to eight pools": dict(pool=("h100-sxm:tp1:x1",) * 5),
+}
+
+
+def warmup(runs=None, each=None) -> dict:
+    """Compile (or load from numba's cache) every feature set of the kernel ahead of time, by one
+    20-request simulation of each (`WARMUP_RUNS`); returns {name: wall seconds}. ``each(name, s)``
+    is called after each run."""
+    import time
+    out = {}
+    for name, opts in (runs or WARMUP_RUNS).items():
+        t0 = time.perf_counter()
+        simulate(num_requests=20, seed=0, **opts)
+        out[name] = time.perf_counter() - t0
+        if each is not None:
+            each(name, out[name])
+    return out

@@ -13,6 +13,14 @@ from servesim.engine.run import EngineOptions, engine_config, router_draws
 from servesim.reference import reference_simulate
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_kernel():
+    """Compile (or load) the plain kernel before any test, so that the cold-compile notice, printed
+    once per process, is not printed inside a test that reads a command's output."""
+    import servesim
+    servesim.simulate(num_requests=20)
+
+
 @functools.lru_cache(maxsize=None)
 def _replica(tp: int, pp: int, model: str, hardware: str):
     return build_replica(load_model(model), load_hardware(hardware), Layout(tp, pp, "bf16"), 0.9,

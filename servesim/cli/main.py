@@ -264,6 +264,23 @@ def simulate(fmt, outdir, capacity, **kw):
         click.echo(summary_table(res.summary))
 
 
+@main.command()
+def warmup():
+    """Compile the simulator for every feature set now (for CI and container images).
+
+    Fills numba's cache (NUMBA_CACHE_DIR, else the package's __pycache__) with one small simulation
+    of each feature set the kernel is compiled for, so that no later run waits for a compile.
+
+    \b
+    Examples:
+      servesim warmup
+      NUMBA_CACHE_DIR=/opt/numba-cache servesim warmup
+    """
+    from ..api import warmup as run
+
+    run(each=lambda name, s: click.echo(f"{name}: {s:.1f} s"))
+
+
 from .plan import plan, sweep  # noqa: E402
 main.add_command(sweep)
 main.add_command(plan)
