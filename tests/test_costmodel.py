@@ -59,7 +59,15 @@ def test_tiny_iteration_flops_and_bytes_by_hand(tiny):
     attn_flops = 2 * 10 * 4 * 4 * 16                 # layers x context x (QK^T + PV: 4 FLOPs/MAC pair) x heads x head_dim
     assert b.flops == pytest.approx(2 * non_embedding + attn_flops)
     kv_per_token_layer = 2 * 2 * 16 * 2              # K and V x kv heads x head_dim x bf16
-    assert b.bytes == pytest.approx(non_embedding * 2 + 2 * kv_per_token_layer * 10)
+    # bytes the step moves (issue #25): GEMM weights once (the norm gains are not priced) and their 16-bit
+    # activations in and out (m (k + n) for m = 1 token), the elementwise kernels (vLLM fuses each residual
+    # add into the next norm: 2 x 8 h; rope 4 (heads + kv heads) d; gated activation 6 f), attention's
+    # query and output (2 x 2 x heads d) and KV cache, the LM head
+    gemm_w = 64 * 128 + 64 * 64 + 64 * 256 + 128 * 64              # qkv, o, gate+up, down
+    gemm_act = (64 + 128) + (64 + 64) + (64 + 256) + (128 + 64)
+    elementwise = 2 * 8 * 64 + 4 * (4 + 2) * 16 + 6 * 128
+    layer = 2 * gemm_w + 2 * gemm_act + elementwise + 4 * 64 + kv_per_token_layer * 10
+    assert b.bytes == pytest.approx(2 * layer + 2 * 100 * 64 + 2 * (100 + 64))
 
 
 def test_kv_bytes_gqa_and_mla():

@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit
 
 from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
-from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb,
+from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_bytes_nb,
                       gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb,
                       weight_only_gemm_time_nb)
 from .moe_tiles import pick_tile_nb
@@ -92,6 +92,40 @@ def _moe_nb(p, m):
                             tile_m, tile_n, p.moe_ridge)
     t += _gemms_nb(p, m, p.sh_k, p.sh_n)
     return t + _gemm16_nb(p, m, p.hidden, p.router_n)
+
+
+@njit(cache=True)
+def _gemms_bytes_nb(p, m, ks, ns):
+    b = 0.0
+    for i in range(ks.shape[0]):
+        b += gemm_bytes_nb(m, ks[i], ns[i], p.w_bytes, p.a_bytes)
+    return b
+
+
+@njit(cache=True)
+def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec):
+    """HBM bytes one step moves on a whole replica, the bytes the cost above prices: every layer's
+    GEMMs at the priced token count ``m`` (weights once, activations in and out: ``gemm_bytes_nb``);
+    for a MoE layer the routed experts the batch touches (``expected_experts_nb`` of them, each
+    running its share of the m x top_k rows, as ``_moe_nb`` prices them), the shared experts and the
+    16-bit router; the elementwise kernels' bytes per token; attention's KV cache of the prefill
+    chunks and decodes and the queries and outputs of the step's tokens; the LM head on the sampled
+    rows. Per GPU, summed over the layers of every pipeline stage, times the TP group."""
+    attn = _gemms_bytes_nb(p, m, p.attn_k, p.attn_n)
+    b = p.n_dense_layers * (attn + _gemms_bytes_nb(p, m, p.mlp_k, p.mlp_n))
+    if p.n_moe_layers > 0.0:
+        touched = expected_experts_nb(m, p.experts, p.top_k)
+        rows = m * p.top_k / touched
+        up_n = 2.0 * p.exp_inter if p.gated > 0.0 else p.exp_inter
+        experts = touched * (gemm_bytes_nb(rows, p.hidden, up_n, p.w_bytes, p.a_bytes)
+                             + gemm_bytes_nb(rows, p.exp_inter, p.hidden, p.w_bytes, p.a_bytes))
+        router = gemm_bytes_nb(m, p.hidden, p.router_n, 2.0, 2.0)
+        b += p.n_moe_layers * (attn + experts + _gemms_bytes_nb(p, m, p.sh_k, p.sh_n) + router)
+    n_layers = p.n_dense_layers + p.n_moe_layers
+    b += n_layers * (m * p.elem_bytes_tok_layer + p.kv_bytes_tok_layer * (kv_pf + kv_dec)
+                     + p.q_bytes_tok_layer * tokens)
+    b += gemm_bytes_nb(n_logit, p.hidden, p.vocab_gpu, 2.0, 2.0)
+    return b * p.tp
 
 
 @njit(cache=True)
@@ -242,7 +276,7 @@ def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_de
     interval = body / p.pp + send + overhead
     flops = 2.0 * p.active_params_gpu * p.tp * p.pp * tokens + n_layers * p.tp * (
         pairs * p.attn_flops_pair + kv_dec * p.attn_flops_kv_decode)
-    nbytes = p.active_params_gpu * p.tp * p.pp * p.w_bytes + n_layers * p.tp * p.kv_bytes_tok_layer * (kv_pf + kv_dec)
+    nbytes = step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec)
     return IterationCost(gemm, attn, elem, comm_tp + (p.pp - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 

@@ -68,6 +68,7 @@ class CostParams(NamedTuple):
     attn_dec_block: float
     attn_dec_latency: float
     elem_s_tok_layer: float      # bandwidth time per token of a layer's elementwise kernels
+    elem_bytes_tok_layer: float  # ... and their HBM bytes per token (per GPU)
     elem_kernels: float          # elementwise kernels per layer
     elem_latency: float          # fixed time per elementwise kernel
     coll_base: float             # NCCL: base latency per collective call (not point-to-point sends)
@@ -274,6 +275,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         attn_dec_hbm=fit.attn_decode_hbm_fraction, attn_dec_block=fit.attn_decode_block_s,
         attn_dec_latency=keep * fit.attn_decode_latency_s,
         elem_s_tok_layer=elementwise.seconds_per_token(elem, hw.hbm_bw, elementwise.kind_fractions(eff)),
+        elem_bytes_tok_layer=float(sum(b for _, b in elem)),
         elem_kernels=float(len(elem)), elem_latency=keep * eff.elementwise_latency_s,
         coll_base=eff.collective_base_latency_s,
         experts=experts, top_k=top_k, router_n=router_n,
