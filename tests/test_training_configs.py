@@ -240,7 +240,7 @@ def test_fp8_mfu_labels_and_recipes(h100):
         train_step(m, h100, dataclasses.replace(lay, fp8_recipe="delayed"))
     b200 = load_hardware("b200")
     r = train_step(m, b200, dataclasses.replace(lay, dtype="fp8"))
-    assert r.layout.fp8_recipe == "mxfp8" and "no Blackwell measurements" in r.extra["extrapolation"]
+    assert r.layout.fp8_recipe == "mxfp8" and "no Blackwell training runs" in r.extra["extrapolation"]
     assert train_step(m, h100, lay).extra["extrapolation"] == ""
 
 

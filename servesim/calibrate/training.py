@@ -280,47 +280,114 @@ def predict(cases: list[Case], fit: TrainingFit = FITTED, check_memory: bool = T
     return pd.DataFrame(rows)
 
 
-OVERLAP_GRID = tuple(i / 10 for i in range(11))
+OVERLAP_GRID = tuple(i / 10 for i in range(5, 11))
+GROUPS = ("megatron", "nemo", "llm-foundry", "deepspeed")
+# frameworks whose attention kernel has no measurement and gets a fitted factor (params.TrainingFit.attn_scale)
+ATTN_FITTED = ("composer",)
 
 
-def fit_parameters(cases: list[Case], groups=("megatron",), overlap_grid=OVERLAP_GRID) -> TrainingFit:
-    """Least-squares fit on log throughput ratios of ``groups``: one ``compute_scale`` per GPU
-    architecture among those rows (the one with the most rows is ``compute_scale`` itself) and
-    ``overlap``. The step time is piecewise in ``overlap`` (max(0, comm - overlap x compute)), so it
-    is profiled on a grid (the scales fitted by least squares at each value, the lowest cost kept)
-    rather than followed by gradients, which stop at a kink."""
-    return fit_profile(cases, groups, overlap_grid)[0]
+def prepare(cases: list[Case]) -> list[tuple[Case, TrainLayout]]:
+    """The cases that price, each with the layout ``--recompute auto`` resolved to (memory does not
+    depend on the fitted parameters, so fits reprice only the step)."""
+    out = []
+    for c in cases:
+        try:
+            r = train_step(c.model, load_hardware(c.hardware), c.layout, fit=FITTED)
+        except ServesimError:
+            continue
+        out.append((c, r.layout))
+    return out
 
 
-def fit_profile(cases: list[Case], groups=("megatron",), overlap_grid=OVERLAP_GRID):
-    """(best fit, [(overlap, fit, cost, median |error| of the fitted rows)] over the grid)."""
-    from scipy.optimize import least_squares
+def throughputs(prepared, fit: TrainingFit) -> np.ndarray:
+    """Predicted tokens/s per GPU of prepared cases under ``fit``."""
+    return np.array([train_step(c.model, load_hardware(c.hardware), lay, fit=fit, check_memory=False)
+                     .tokens_per_s_per_gpu for c, lay in prepared])
 
+
+def _architectures(prepared) -> list[str]:
     from servesim.training.framework import architecture_of
-    sub = [c for c in cases if c.group in groups]
-    priced = predict(sub)["predicted_tokens_per_s_per_gpu"].notna().to_numpy()
-    sub = [c for c, ok in zip(sub, priced) if ok]  # refused rows (memory) do not depend on the fit
-    arch_of = {c.hardware: architecture_of(load_hardware(c.hardware)).name for c in sub}
-    counts = {}
-    for c in sub:
-        counts[arch_of[c.hardware]] = counts.get(arch_of[c.hardware], 0) + 1
-    archs = sorted(counts, key=lambda a: (-counts[a], a))
+    counts: dict[str, int] = {}
+    for c, _ in prepared:
+        a = architecture_of(load_hardware(c.hardware)).name
+        counts[a] = counts.get(a, 0) + 1
+    return sorted(counts, key=lambda a: (-counts[a], a))
+
+
+def fit_parameters(cases: list[Case], groups=GROUPS, overlap: float | None = None,
+                   overlap_grid=OVERLAP_GRID, prepared=None) -> tuple[TrainingFit, list]:
+    """Fit on the rows of ``groups``: one ``compute_scale`` per GPU architecture among them (the
+    most frequent is ``compute_scale`` itself, which an architecture without rows takes) and an
+    attention factor for each ``ATTN_FITTED`` framework among them, by least squares on
+    log(predicted / published) with a soft-L1 loss (10% scale) so that a few far rows do not set the
+    figures. ``overlap`` fixed, or profiled over ``overlap_grid`` (the step is piecewise in it).
+    Returns (best fit, [(overlap, fit, cost, median |error|)])."""
+    from scipy.optimize import least_squares
+    if prepared is None:
+        prepared = prepare([c for c in cases if c.group in groups])
+    archs = _architectures(prepared)
+    fws = [f for f in ATTN_FITTED if any(lay.framework == f for _, lay in prepared)]
+    published = np.array([c.published_tokens_per_s_per_gpu for c, _ in prepared])
 
     def make(x, ov):
         scales = tuple((a, float(x[i])) for i, a in enumerate(archs))
-        return TrainingFit(compute_scale=float(x[0]), overlap=float(ov), arch_scale=scales if len(archs) > 1 else ())
+        attn = tuple((f, float(x[len(archs) + i])) for i, f in enumerate(fws))
+        return TrainingFit(compute_scale=float(x[0]), overlap=float(ov),
+                           arch_scale=scales if len(archs) > 1 else (), attn_scale=attn)
 
+    x0 = [FITTED.scale_for(a) for a in archs] + [FITTED.attn_for(f) for f in fws]
+    lo = [0.3] * len(archs) + [0.2] * len(fws)
+    hi = [1.3] * len(archs) + [1.5] * len(fws)
+    x0 = [min(max(v, a + 1e-3), b - 1e-3) for v, a, b in zip(x0, lo, hi)]
     table = []
-    for ov in overlap_grid:
+    for ov in ((overlap,) if overlap is not None else overlap_grid):
         def resid(x):
-            df = predict(sub, make(x, ov))
-            return np.log(df["predicted_tokens_per_s_per_gpu"].to_numpy()
-                          / df["published_tokens_per_s_per_gpu"].to_numpy())
-        sol = least_squares(resid, x0=[1.0] * len(archs), bounds=([0.3] * len(archs), [1.3] * len(archs)),
-                            diff_step=1e-3)
+            return np.log(throughputs(prepared, make(x, ov)) / published)
+        sol = least_squares(resid, x0=x0, bounds=(lo, hi), diff_step=1e-3, loss="soft_l1", f_scale=0.1)
         table.append((ov, make(sol.x, ov), float(sol.cost), float(np.median(np.abs(np.expm1(sol.fun))))))
     best = min(table, key=lambda r: r[2])
     return best[1], table
+
+
+def fit_profile(cases: list[Case], groups=GROUPS, overlap_grid=OVERLAP_GRID):
+    """(best fit, the overlap profile) -- ``fit_parameters`` over the grid."""
+    return fit_parameters(cases, groups, overlap_grid=overlap_grid)
+
+
+def describe_fit(f: TrainingFit) -> str:
+    scales = ", ".join(f"{a} {v:.3f}" for a, v in f.arch_scale) or f"all {f.compute_scale:.3f}"
+    attn = ", ".join(f"{n} attention x{v:.3f}" for n, v in f.attn_scale)
+    return f"compute scale {scales}; overlap {f.overlap:.1f}" + (f"; {attn}" if attn else "")
+
+
+def generation_of(case: Case) -> str:
+    from servesim.training.framework import architecture_of
+    return architecture_of(load_hardware(case.hardware)).name
+
+
+def held_out(cases: list[Case], fit: TrainingFit = FITTED) -> pd.DataFrame:
+    """Leave one framework out and leave one GPU generation out: each fold refits the compute
+    scales and the attention factors (``overlap`` stays ``fit``'s) on the other rows and predicts
+    the rows left out; a generation left out takes the compute scale of the rows that remain, as an
+    architecture without training rows does (Blackwell), and a framework left out its kernel's
+    measured curve without a factor. Columns: split, fold, row, group, hardware, rel_error, fold_fit."""
+    prepared = prepare(cases)
+    rows = []
+    folds = [("framework", g, lambda c, g=g: c.group == g) for g in GROUPS]
+    gens = sorted({generation_of(c) for c, _ in prepared})
+    folds += [("generation", a, lambda c, a=a: generation_of(c) == a) for a in gens]
+    for split, name, out in folds:
+        train = [(c, lay) for c, lay in prepared if not out(c)]
+        test = [(c, lay) for c, lay in prepared if out(c)]
+        if not test or not train:
+            continue
+        f, _ = fit_parameters(cases, overlap=fit.overlap, prepared=train)
+        pred = throughputs(test, f)
+        for (c, _), y in zip(test, pred):
+            rows.append({"split": split, "fold": name, "row": c.row, "group": c.group, "hardware": c.hardware,
+                         "rel_error": y / c.published_tokens_per_s_per_gpu - 1.0,
+                         "fold_fit": describe_fit(f)})
+    return pd.DataFrame(rows)
 
 
 def error_summary(df: pd.DataFrame) -> dict:

@@ -47,7 +47,7 @@ _PREC_KEYS = ("grad_bytes", "fp8", "fp8_recipe_hopper", "fp8_recipe_blackwell", 
 _DP_KEYS = ("default_zero", "overlap_grad_reduce", "overlap_param_gather", "hierarchical",
             "fsdp_prefetch_layers", "zero3_live_params_m", "fsdp_param_bytes")
 _ARCH_KEYS = ("profiles", "calibrated", "fp8_gemm_ratio", "mxfp8", "note")
-_ARCH_OPTIONAL = ("fa2_attention_max",)
+_ARCH_OPTIONAL = ("fa2_attention_max", "attn_max", "attn_half_seq", "gemm_vs_source", "scaleup_bw_vs_source")
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,20 @@ class Architecture:
     fp8_gemm_ratio: float            # fp8 GEMM fraction of the fp8 peak / bf16 fraction of the bf16 peak
     mxfp8: bool                      # hardware block scaling (Blackwell)
     note: str
+    attn_max: float | None = None          # measured fused-attention curve: attn_max s / (s + attn_half_seq)
+    attn_half_seq: float | None = None
+    gemm_vs_source: float = 1.0            # GEMM fraction relative to the architecture the profile borrows from
+    scaleup_bw_vs_source: float = 1.0      # NVLink collective fraction relative to the same
+
+    def attention(self, kernel: str, seq: float, profile_max: float) -> float | None:
+        """Achieved fraction of the bf16 peak of a ``kernel`` ("flash" or "fa2") attention call over
+        ``seq`` keys; None where the architecture has no measured curve."""
+        if self.attn_max is None or self.attn_half_seq is None:
+            return None
+        shape = seq / (seq + self.attn_half_seq)
+        if kernel == "fa2" and self.fa2_attention_max is not None:
+            return self.fa2_attention_max * shape
+        return self.attn_max * shape
 
 
 def list_frameworks() -> list[str]:
@@ -180,9 +194,16 @@ def _architectures() -> dict[str, Architecture]:
         t = top.table(name)
         t.expect_keys(_ARCH_KEYS, optional=_ARCH_OPTIONAL)
         ratio = t.float("fp8_gemm_ratio", ge=0.0, le=1.0)
+        opt = {k: (t.fraction(k) if t.has(k) else None) for k in ("fa2_attention_max", "attn_max")}
         arch = Architecture(name=name, calibrated=t.bool("calibrated"),
-                            fa2_attention_max=t.fraction("fa2_attention_max") if t.has("fa2_attention_max") else None,
-                            fp8_gemm_ratio=ratio, mxfp8=t.bool("mxfp8"), note=t.str("note"))
+                            fa2_attention_max=opt["fa2_attention_max"], fp8_gemm_ratio=ratio, mxfp8=t.bool("mxfp8"),
+                            note=t.str("note"), attn_max=opt["attn_max"],
+                            attn_half_seq=t.float("attn_half_seq", gt=0.0) if t.has("attn_half_seq") else None,
+                            gemm_vs_source=t.float("gemm_vs_source", gt=0.0, le=2.0) if t.has("gemm_vs_source") else 1.0,
+                            scaleup_bw_vs_source=(t.float("scaleup_bw_vs_source", gt=0.0, le=2.0)
+                                                  if t.has("scaleup_bw_vs_source") else 1.0))
+        if (arch.attn_max is None) != (arch.attn_half_seq is None):
+            raise t.error("attn_max", "and attn_half_seq go together: give both or neither")
         profiles = t.data["profiles"]
         if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
             raise t.error("profiles", f"must be a list of hardware profile names, got {profiles!r}")
@@ -209,14 +230,31 @@ def architecture_of(hw) -> Architecture:
     return UNKNOWN_ARCHITECTURE
 
 
+def borrows_efficiency(hw) -> bool:
+    """The profile takes its [efficiency] from another (``efficiency_from``, not its own)."""
+    return bool(getattr(hw, "efficiency_from", "")) and not getattr(hw, "own_efficiency", False)
+
+
 def efficiency_architecture(hw) -> str:
     """The architecture whose measurements a profile's efficiencies come from: its own when it
     carries them, else that of the profile it borrows them from (b200 -> h100-sxm -> hopper)."""
     src = getattr(hw, "efficiency_from", "")
     archs = _architectures()
-    if src and src in archs:
+    if borrows_efficiency(hw) and src in archs:
         return archs[src].name
     return architecture_of(hw).name
+
+
+def training_hardware(hw):
+    """The profile as the training model sees it: its NVLink collective fraction times the
+    architecture's measured ``scaleup_bw_vs_source`` where it borrows its efficiencies."""
+    import dataclasses
+    arch = architecture_of(hw)
+    if arch.scaleup_bw_vs_source == 1.0 or not borrows_efficiency(hw):
+        return hw
+    e = hw.efficiency
+    return dataclasses.replace(hw, efficiency=dataclasses.replace(
+        e, scaleup_bw_fraction=min(1.0, e.scaleup_bw_fraction * arch.scaleup_bw_vs_source)))
 
 
 def extrapolation_note(hw) -> str:
@@ -226,8 +264,12 @@ def extrapolation_note(hw) -> str:
     parts = []
     if not arch.calibrated:
         parts.append(arch.note or f"no training measurements on {arch.name}")
-    if getattr(hw, "efficiency_from", "") and not getattr(hw, "own_efficiency", False):
-        parts.append(f"{hw.name} borrows its measured efficiencies from {hw.efficiency_from}")
+    if borrows_efficiency(hw):
+        if arch.attn_max is not None and arch.gemm_vs_source != 1.0:
+            parts.append(f"{hw.name}'s other efficiencies (elementwise, kernel latency, send/recv, NIC) are "
+                         f"{hw.efficiency_from}'s")
+        else:
+            parts.append(f"{hw.name} borrows its measured efficiencies from {hw.efficiency_from}")
     return "; ".join(parts)
 
 

@@ -72,7 +72,8 @@ from servesim.errors import InfeasibleError
 
 from . import comm
 from .flops import attention_core_flops, attn_dims, ffn_gemms, gemm_flops, layer_gemms, model_flops_per_token
-from .framework import architecture_of, efficiency_architecture, extrapolation_note, load_framework
+from .framework import (architecture_of, borrows_efficiency, efficiency_architecture, extrapolation_note,
+                        load_framework, training_hardware)
 from .layout import TrainLayout, check_layout, resolve_with_defaults
 from .memory import GiB, as_gib, fp8_element_bytes, layer_recompute_flags, memory_by_rank, stage_params
 from .params import FITTED, TrainingFit
@@ -139,8 +140,12 @@ class _Kern:
         self.fp8 = lay.dtype == "fp8"
         self.peak8 = hw.peak_flops.get("fp8", 0.0)
         scale = fit.scale_for(efficiency_architecture(hw))
+        if borrows_efficiency(hw):
+            scale *= arch.gemm_vs_source   # measured on this architecture's kernels relative to the source's
         self.gemm_max = min(1.0, e.gemm_max * scale)
         self.gemm8_max = min(1.0, self.gemm_max * arch.fp8_gemm_ratio)
+        self.arch = arch
+        self.attn_fit = fit.attn_for(fw.name)
         kernel = lay.attention
         if kernel == "fa2" and arch.fa2_attention_max is not None:
             base = arch.fa2_attention_max
@@ -174,8 +179,14 @@ class _Kern:
                                 kernels * e.kernel_latency_s)
 
     def flash(self, flops: float, seq: float) -> float:
-        n = max(1.0, seq / ATTN_TILE)
-        return roofline_time_nb(flops, 0.0, self.peak16, self.attn_max * n / (n + 1.0), self.hw.hbm_bw,
+        """A fused attention kernel over ``seq`` keys per call: the architecture's measured curve
+        (``Architecture.attention``), else the profile's fraction with FlashAttention's 128-row tiles."""
+        eff = self.arch.attention(self.lay.attention, seq, self.attn_max)
+        if eff is None:
+            n = max(1.0, seq / ATTN_TILE)
+            eff = self.attn_max * n / (n + 1.0)
+        eff *= self.attn_fit
+        return roofline_time_nb(flops, 0.0, self.peak16, min(1.0, eff), self.hw.hbm_bw,
                                 self.e.hbm_fraction, self.e.kernel_latency_s)
 
     def cast(self, elements: float, kernels: float) -> float:
@@ -234,7 +245,9 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
         attn_b = 2.0 * attn_f
     else:
         flops = tokens * attention_core_flops(model, lay.seq_len, causal=True) / t
-        attn_f = k.flash(flops, lay.seq_len)
+        # ring CP runs one kernel per KV block of s / CP keys; all-to-all CP one over the whole sequence
+        call_seq = lay.seq_len / cp if (cp > 1 and lay.cp_comm == "ring") else lay.seq_len
+        attn_f = k.flash(flops, call_seq)
         attn_b = 2.5 * attn_f
     if moe_layer:
         m = model.moe
@@ -306,7 +319,7 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
             step = comm.p2p(hw, tokens * kv_w * BYTES_16, t)
             per_block_f = attn_f / cp
             cp_f = (cp - 1) * max(0.0, step - per_block_f)
-            cp_b = (cp - 1) * max(0.0, 2.0 * step - 2.5 * per_block_f)
+            cp_b = (cp - 1) * max(0.0, 2.0 * step - attn_b / cp)
 
     ep_f = 0.0
     if moe_layer and (lay.ep > 1):
@@ -611,6 +624,7 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
                check_memory: bool = True) -> TrainResult:
     """Price one training step of ``model`` on ``hw`` with layout ``lay`` (see module docstring)."""
     fw = load_framework(lay.framework)
+    hw = training_hardware(hw)
     lay, from_profile = resolve_with_defaults(lay, hw, fw)
     check_layout(model, hw, lay, gpus)
     asked = lay.recompute
