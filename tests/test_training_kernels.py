@@ -65,6 +65,14 @@ def test_long_context_cp_ring_overlap():
         a2a = train_step(m, h100, TrainLayout(tp=1, cp=cp, dp=1, seq_len=seq, global_batch=1, recompute="full",
                                               cp_comm="a2a"), check_memory=False)
         assert a2a.breakdown_s["cp_comm"] > 0.0
+        # the Llama 3 report's all-gather CP: the whole sequence's K, V gathered, on the critical path
+        ag = train_step(m, h100, TrainLayout(tp=1, cp=cp, dp=1, seq_len=seq, global_batch=1, recompute="full",
+                                             cp_comm="allgather"), check_memory=False)
+        from servesim.training import comm
+        kv = seq * 2 * m.kv_dim * 2   # K and V of every token, 16-bit
+        per_layer = 2 * comm.reduce_scatter(h100, kv, cp)   # forward gather + backward reduce-scatter
+        # full recomputation repeats the forward gather
+        assert ag.breakdown_s["cp_comm"] + ag.breakdown_s["tp_comm"] == pytest.approx(32 * 1.5 * per_layer, rel=1e-6)
         # attention dominates at these lengths: the step grows faster than the sequence
         assert ring.mfu > 0.3
 

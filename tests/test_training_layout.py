@@ -193,3 +193,30 @@ def test_cli_summary_shows_the_layout():
                                   "auto", "--seq-len", "4096", "--global-batch", "48"])
     assert r.exit_code == 0, r.output
     assert "layout=" in r.output and "(auto)" in r.output
+
+
+def _readme_train_commands(quick: bool):
+    from test_readme_examples import readme_commands
+    cmds = readme_commands(("train",))
+    if quick:   # --search and --gpus lists have their own CLI tests; the slow test runs them as written
+        cmds = [a for a in cmds if "--search" not in a and "," not in a[a.index("--gpus") + 1]]
+    return cmds
+
+
+def _run_all(cmds, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for args in cmds:
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, (args, r.output)
+
+
+def test_readme_train_examples_run(tmp_path, monkeypatch):
+    """Every single-layout `servesim train` line of the README's bash blocks runs as written (issue #24)."""
+    cmds = _readme_train_commands(quick=True)
+    assert len(cmds) >= 10
+    _run_all(cmds, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow   # --search and the scaling figure: ~15 s
+def test_every_readme_train_example_runs(tmp_path, monkeypatch):
+    _run_all(_readme_train_commands(quick=False), tmp_path, monkeypatch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..training.framework import FP8_RECIPES, REMAT_POLICIES, RESHARD
+from ..training.layout import CP_COMM
 from .options import SLO
 
 
@@ -21,9 +22,11 @@ def _train_options(f):
         click.option("--pp", default=1, show_default=True, type=int, help="Pipeline stages."),
         click.option("--dp", default=None, type=int, help="Data-parallel degree [default: GPUs/(tp*pp*cp)]."),
         click.option("--cp", default=1, show_default=True, type=int, help="Context-parallel degree."),
-        click.option("--cp-comm", default="ring", show_default=True, type=click.Choice(["ring", "a2a"]),
-                     help="Context parallelism: ring attention (KV blocks passed around, overlapped) or "
-                          "all-to-all (Ulysses: heads re-split).") ,
+        click.option("--cp-comm", default="ring", show_default=True, type=click.Choice(list(CP_COMM)),
+                     help="Context parallelism: ring attention (KV blocks passed around, overlapped; Megatron "
+                          "p2p), all-to-all (Ulysses: heads re-split) or allgather (the whole sequence's K, V "
+                          "gathered before attention: the Llama 3 report's CP, Megatron all_gather, torchtitan's "
+                          "default rotate method)."),
         click.option("--ep", default=1, show_default=True, type=int, help="Expert-parallel degree (inside DP)."),
         click.option("--vp", default=1, show_default=True, type=int, help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--first-stage-layers", default=None, type=int,

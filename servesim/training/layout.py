@@ -31,7 +31,7 @@ RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "la
 # (context), the MLP's first matmul and activation, its activation only, the QKV / output projections
 POLICY_MODULES = ("context", "mlp_fc1", "mlp_act", "qkv_proj", "out_proj")
 TRAIN_DTYPES = ("bf16", "fp8")
-CP_COMM = ("ring", "a2a")
+CP_COMM = ("ring", "a2a", "allgather")
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,7 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
         if lay.attention == "unfused":
             raise InfeasibleError(f"--cp {lay.cp} needs a flash-style attention kernel (ring and all-to-all "
                                   f"context parallelism run blockwise attention); use --attention flash")
-        if lay.cp_comm == "ring" and lay.seq_len % (2 * lay.cp):
+        if lay.cp_comm in ("ring", "allgather") and lay.seq_len % (2 * lay.cp):
             raise InfeasibleError(f"--cp {lay.cp} does not divide the sequence: seq_len {lay.seq_len} must be "
                                   f"divisible by 2*cp = {2 * lay.cp} (load-balanced causal ring attention: two "
                                   f"chunks per rank); use a --seq-len that is a multiple of {2 * lay.cp}")

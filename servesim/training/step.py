@@ -315,6 +315,13 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
             nbytes = tokens * (2.0 * q_w + kv_w) * BYTES_16  # Q, K, V in and O out
             cp_f = comm.all_to_all(hw, nbytes, cp, stride=t)
             cp_b = cp_f
+        elif lay.cp_comm == "allgather":
+            # Llama 3 report (Dubey et al. 2024, sec. 3.3.2): K and V of the whole sequence all-gathered
+            # before the attention of the local Q chunks, on the critical path; the backward
+            # reduce-scatters dK, dV. The buffer is the whole sequence's K, V (GQA keeps it small).
+            full = tokens * cp * kv_w * BYTES_16
+            cp_f = comm.reduce_scatter(hw, full, cp, stride=t)
+            cp_b = cp_f
         else:
             step = comm.p2p(hw, tokens * kv_w * BYTES_16, t)
             per_block_f = attn_f / cp

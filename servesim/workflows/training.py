@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..training.framework import FP8_RECIPES, REMAT_POLICIES, RESHARD
+from ..training.layout import CP_COMM
 from .results import CompareResult, TrainingResult
 
 # the layout keywords of `train` and their defaults (those of ``servesim train``; a test keeps them equal)
@@ -16,7 +17,7 @@ LAYOUT_DEFAULTS = dict(
     recompute_layers=None, recompute_modules=None, selective_ac=None, remat_policy=None, reshard_after_forward=None,
     fp8_all_gather=None, offload_activations=None, dtype="bf16", fp8_recipe=None, attention=None, dropout=False,
     seq_len=4096, micro_batch=1, global_batch=256)
-_CHOICES = {"cp_comm": ("ring", "a2a"), "recompute": ("none", "selective", "full", "auto"), "dtype": ("bf16", "fp8"),
+_CHOICES = {"cp_comm": CP_COMM, "recompute": ("none", "selective", "full", "auto"), "dtype": ("bf16", "fp8"),
             "fp8_recipe": FP8_RECIPES, "attention": ("flash", "fa2", "unfused"), "fsdp_param_bytes": ("2", "4"),
             "remat_policy": tuple(REMAT_POLICIES), "reshard_after_forward": RESHARD}
 _OPTIONAL_CHOICES = ("fp8_recipe", "attention", "fsdp_param_bytes", "recompute", "remat_policy", "reshard_after_forward")
