@@ -68,11 +68,13 @@ from servesim.calibrate import engine_fit as ef
 from servesim.calibrate import operators as ops
 from servesim.calibrate import serving as srv
 from servesim.calibrate.profile_io import EFFICIENCY_FILE_KEYS, derived_profile
+from servesim.config.engine import FIT_KEYS as ENGINE_FIT_KEYS
 from servesim.config.hardware import source_file
 from servesim.paths import hardware_dir
 from servesim.errors import ConfigError
 
-PLAUSIBLE_OVER_PEAK = 1.2    # a measurement faster than 1.2 x the datasheet peak is a unit error
+PLAUSIBLE_OVER_PEAK = 1.2    # a row faster than 1.2 x the datasheet peak is a measurement error: left out
+UNIT_SLIP = math.sqrt(1000.0)  # a file whose median row beats the datasheet limit this far is in other units
 IMPLAUSIBLE_LOG_RES = math.log(3.0)  # median |log(pred/meas)| beyond this with a parameter at a bound
 UNIDENTIFIED = 0.01          # full-range change of a parameter moves the rms prediction < 1%
 NATIVE_OPS = {"gemm": "gemm", "allreduce": "all_reduce", "all_reduce": "all_reduce",
@@ -350,11 +352,28 @@ def _unit_check(what: str, fitted: dict, bounds: dict, pred, meas, hint_slow: st
                           f"{math.exp(med):.0f}x off the measurements); {hint}; no profile written")
 
 
-def _faster_than(what: str, achieved: np.ndarray, limit: float, unit_hint: str) -> None:
-    ratio = float(np.nanmax(achieved / limit)) if len(achieved) else 0.0
-    if ratio > PLAUSIBLE_OVER_PEAK:
-        raise ConfigError(f"{what}: measurements run up to {ratio:.3g}x the datasheet limit; {unit_hint}; "
-                          f"no profile written")
+def _faster_than(what: str, frame: pd.DataFrame, achieved, limit: float, unit_hint: str, warn: list,
+                 cap: float = PLAUSIBLE_OVER_PEAK, why: str = "a measurement error") -> pd.DataFrame:
+    """Units checked file by file against the file's own rows: a unit slip (ms written as us, bytes as
+    KB) moves every row of a file 1000x, so a file whose *median* row runs beyond ``UNIT_SLIP`` x the
+    datasheet limit is refused with ``unit_hint``. Single rows beyond ``cap`` x the limit (a cache-
+    resident copy runs faster than HBM; a noisy GEMM just above the peak) are not units: they are left
+    out of the fit, with a warning saying ``why``. Returns the rows kept."""
+    ratio = np.asarray(achieved, dtype=np.float64) / limit
+    if not len(ratio):
+        return frame
+    src = frame["source"].astype(str).to_numpy() if "source" in frame else np.full(len(ratio), "")
+    for f in dict.fromkeys(src):
+        med = float(np.nanmedian(ratio[src == f]))
+        if med > UNIT_SLIP:
+            where = f" of {f}" if f else ""
+            raise ConfigError(f"{what}{where}: the median row runs at {med:.3g}x the datasheet limit; {unit_hint}; "
+                              "no profile written")
+    over = ratio > cap
+    if over.any():
+        warn.append(f"{what}: {int(over.sum())} of {len(ratio)} row(s) run faster than {cap:g}x the datasheet "
+                    f"limit (up to {float(np.nanmax(ratio)):.3g}x): {why}; left out of the fit")
+    return frame[~over].reset_index(drop=True)
 
 
 # -- fits -----------------------------------------------------------------------------------------
@@ -414,9 +433,9 @@ def fit_operators(data: OperatorData, hw, holdout: bool = True):
     if data.gemm:
         g = pd.concat(data.gemm, ignore_index=True)
         g = g[np.isfinite(g["time_s"]) & (g["time_s"] > 0) & (g["m"] >= 1)].reset_index(drop=True)
-        _faster_than("GEMM rows", 2.0 * g["m"] * g["k"] * g["n"] / g["time_s"], peak,
-                     "a GEMM cannot beat the fp16 peak: the times look 1000x too small (milliseconds written "
-                     "as time_us?)")
+        g = _faster_than("GEMM rows", g, 2.0 * g["m"] * g["k"] * g["n"] / g["time_s"], peak,
+                         "a GEMM cannot beat the fp16 peak: the times look 1000x too small (milliseconds written "
+                         "as time_us?)", warn)
         fitted, w = _capture(ops.fit_gemm, g, hw)
         warn += w
 
@@ -439,8 +458,9 @@ def fit_operators(data: OperatorData, hw, holdout: bool = True):
         c = c[np.isfinite(c["time_s"]) & (c["time_s"] > 0)].reset_index(drop=True)
         n = c["num_workers"].to_numpy(np.float64)
         busbw = np.where(c["collective"] == "all_reduce", 2.0 * (n - 1) / n, 1.0) * c["nbytes"] / c["time_s"]
-        _faster_than("collective rows", busbw.to_numpy(), hw.scaleup_bw,
-                     "no collective beats the scale-up link: bytes look 1000x too large or time_us 1000x too small")
+        c = _faster_than("collective rows", c, busbw.to_numpy(), hw.scaleup_bw,
+                         "no collective beats the scale-up link: bytes look 1000x too large or time_us 1000x too "
+                         "small", warn)
         fitted, w = _capture(ops.fit_collectives, c, hw)
         warn += w
 
@@ -475,8 +495,10 @@ def _fit_memory(data: OperatorData, hw, params: dict, warn, res, hold, holdout):
                                    "source": c["source"].to_numpy(), "what": "copy"}))
     m = pd.concat(parts, ignore_index=True)
     m = m[np.isfinite(m["time_s"]) & (m["time_s"] > 0)].reset_index(drop=True)
-    _faster_than("copy / elementwise rows", (m["nbytes"] / m["time_s"]).to_numpy(), hw.hbm_bw,
-                 "nothing streams faster than HBM: bytes look 1000x too large or time_us 1000x too small")
+    m = _faster_than("copy / elementwise rows", m, (m["nbytes"] / m["time_s"]).to_numpy(), hw.hbm_bw,
+                     "nothing streams faster than HBM: bytes look 1000x too large or time_us 1000x too small", warn,
+                     cap=1.0, why="their working set stays in the GPU's cache, which the HBM fractions do not "
+                                  "describe")
     present = set(m["kind"])
     free = ops.kind_fractions_present(present)
     if "stream" in present and not data.gemm:
@@ -540,7 +562,20 @@ def fit_serving_rows(df: pd.DataFrame, hw, engine, hw_values: dict, kernel_value
     current = engine.fit_for(hw)
     start = {k: max(getattr(current, k), 1e-4) if k != "graph_overlap" else getattr(current, k) for k in srv.FIT_KEYS}
     bounds = {k: srv._BOUNDS[k] for k in srv.FIT_KEYS}
-    (fitted, pred), w = _capture(lambda *a: srv.fit_engine(*a, **profiles), rows, hw.name, start, base)
+    true = {k: getattr(current, k) for k in srv.FIT_KEYS}      # the base values (start is kept off zero)
+    keys, fixed = srv.identifiable(rows, hw.name, true, base, **profiles)
+    if not keys:
+        raise ConfigError(f"--serving: these {len(rows)} row(s) identify none of host_step_us, graph_overlap, "
+                          f"host_per_seq_us ({'; '.join(f'{k}: {v}' for k, v in fixed.items())}); no profile written")
+    start_all = dict(start)
+    start = {k: start_all[k] for k in keys}
+    base = {**base, **{k: true[k] for k in fixed}}   # held at the base engine's values
+    bounds = {k: bounds[k] for k in keys}
+    key_of = {fld: key for key, fld, _ in ENGINE_FIT_KEYS}
+    for k, why in fixed.items():
+        v = true[k] * (1e6 if key_of[k].endswith("_us") else 1.0)
+        warn.append(f"serving: {key_of[k]} held at the base value {v:.4g} ({why})")
+    (fitted, pred), w = _capture(lambda *a: srv.fit_engine(*a, keys=keys, **profiles), rows, hw.name, start, base)
     warn += w
     ok = pred.dropna(subset=["predicted"])
     if ok.empty:
@@ -564,7 +599,7 @@ def fit_serving_rows(df: pd.DataFrame, hw, engine, hw_values: dict, kernel_value
         for g in groups:
             held = rows[group_col].astype(str) == g
             try:
-                f, _ = _quiet(lambda *a: srv.fit_engine(*a, **profiles), rows[~held], hw.name, start, base)
+                f, _ = _quiet(lambda *a: srv.fit_engine(*a, keys=keys, **profiles), rows[~held], hw.name, start, base)
             except ConfigError as e:
                 hold.append({"kind": "serving", "held_out": f"{group_col} {g}", "n": int(held.sum()),
                              "median_rel_err": np.nan, "p90_rel_err": np.nan, "note": str(e)})
@@ -572,8 +607,6 @@ def fit_serving_rows(df: pd.DataFrame, hw, engine, hw_values: dict, kernel_value
             err = srv.predict(rows[held], {hw.name: {**base, **f}}, **profiles).rel_error.abs().dropna()
             hold.append({"kind": "serving", "held_out": f"{group_col} {g}", "n": int(err.size),
                          "median_rel_err": float(err.median()), "p90_rel_err": float(err.quantile(0.9)), "note": ""})
-    from servesim.config.engine import FIT_KEYS
-    key_of = {fld: key for key, fld, _ in FIT_KEYS}
     file_values = {key_of[k]: v * (1e6 if key_of[k].endswith("_us") else 1.0) for k, v in fitted.items()}
     return file_values, r, hold, warn, len(ok)
 
@@ -582,6 +615,10 @@ def fit_training_rows(cases, hw, holdout: bool = True):
     from servesim.calibrate import training as trn
     warn = []
     mine = [c for c in cases if c.hardware == hw.name]
+    if not mine:
+        found = ", ".join(sorted({c.hardware for c in cases}))
+        raise ConfigError(f"training: 0 usable row(s) on {hw.name} (the rows are on {found}); the fit needs rows of "
+                          f"the --profile's GPU, e.g. --profile {found.split(', ')[0]}; no profile written")
     if len(mine) < len(cases):
         warn.append(f"training: skipped {len(cases) - len(mine)} row(s) on other hardware than {hw.name}")
     first = trn.predict(mine)
@@ -623,6 +660,34 @@ def fit_training_rows(cases, hw, holdout: bool = True):
             hold.append({"kind": "training", "held_out": g, "n": int(err.size), "median_rel_err": float(err.median()),
                          "p90_rel_err": float(err.quantile(0.9)), "note": ""})
     return fitted, r, hold, warn
+
+
+def training_gemm_max(tfit: dict, hw, values: dict, warn: list) -> str:
+    """The profile key training rows identify: the training model runs GEMMs at ``gemm_max`` x the
+    architecture's ``compute_scale`` (servesim.training.params), so a ``compute_scale`` fitted on the
+    rows of ``hw`` is written as gemm_max x fitted / shipped scale, which gives those GEMMs on a profile
+    of this architecture. ``overlap`` is no profile key (reported). Sets ``values["gemm_max"]`` unless
+    operator GEMM rows fitted it; a scale at its bound identifies nothing: a ConfigError. Returns the
+    note for the report."""
+    from servesim.training.framework import efficiency_architecture
+    from servesim.training.params import FITTED
+    arch = efficiency_architecture(hw)
+    shipped = FITTED.scale_for(arch)
+    scale, overlap = tfit["compute_scale"], tfit["overlap"]
+    head = (f"training: compute_scale = {scale:.4f} on {hw.name}'s rows (shipped {arch}: {shipped:.4f}), overlap = "
+            f"{overlap:.4f} (servesim.training.params.TrainingFit, reported: not a profile key)")
+    if "gemm_max" in values:
+        return head + "; gemm_max taken from the operator GEMM rows, the training scale only reported"
+    if any("compute_scale" in line and "bound" in line for line in warn):
+        raise ConfigError(f"training: the rows cannot identify gemm_max: compute_scale = {scale:.4g} sits at its "
+                          f"bound (the rows' step times barely depend on the GEMMs, or they are off by a factor); "
+                          f"no profile written")
+    g = hw.efficiency.gemm_max * scale / shipped
+    if g > 1.0:
+        warn.append(f"training: gemm_max {g:.4g} (from compute_scale {scale:.4g}) clipped to 1")
+    values["gemm_max"] = min(g, 1.0)
+    return head + (f"; written as gemm_max = {hw.efficiency.gemm_max:.4g} x {scale:.4f} / {shipped:.4f} = "
+                   f"{values['gemm_max']:.4g}, which the training model scales back by {arch}'s {shipped:.4f}")
 
 
 # -- orchestration --------------------------------------------------------------------------------
@@ -701,9 +766,7 @@ def calibrate(profile: str, output=None, operators=(), serving=(), training=None
         res.append(r.assign(profile="hardware"))
         hold += [{**x, "profile": "hardware"} for x in h]
         warn += w
-        notes.append(f"training: compute_scale = {tfit['compute_scale']:.4f}, overlap = {tfit['overlap']:.4f} "
-                     f"(servesim.training.params.TrainingFit; not a profile key, so not written to the profile; "
-                     f"the training rows are priced on the shipped profile named in each row)")
+        notes.append(training_gemm_max(tfit, hw, values, warn))
     eng_result = None
     if eng is not None:
         base_fit = eng.fit_for(hw)
@@ -726,12 +789,15 @@ def calibrate(profile: str, output=None, operators=(), serving=(), training=None
             v, r, h, w, n = fit_serving_rows(df, hw, eng, values, eng_values, holdout)
             eng_values.update(v)
             fitted.append(f"{', '.join(v)} ({n} serving rows)")
+            held = [k for k, f, _ in ENGINE_FIT_KEYS if f in srv.FIT_KEYS and k not in v]
+            if held:
+                kept.append(f"{', '.join(held)}: held at the base values (the serving rows cannot identify them)")
             res.append(r.assign(profile="engine"))
             hold += [{**x, "profile": "engine"} for x in h]
             warn += w
         from servesim.config.engine import FIT_KEYS
         rest = [k for k, _, _ in FIT_KEYS if k not in eng_values and not k.startswith(
-            ("gemm_", "attn_", "allreduce_", "moe_"))]
+            ("gemm_", "attn_", "allreduce_", "moe_")) and not any(k in line and "held at" in line for line in kept)]
         if rest:
             kept.append(f"{', '.join(rest)}: not given by these inputs")
         table = Path(output).stem if output else hw.name

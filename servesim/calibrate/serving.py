@@ -186,6 +186,52 @@ def error_table(pred: pd.DataFrame, by=("split", "hardware", "metric")) -> pd.Da
                          "p90_rel_error": g.quantile(0.9)}).reset_index()
 
 
+# the order keys are taken in when the rows cannot identify all of them: host time per step moves
+# every step; graph_overlap the share of the kernels' fixed time; host_per_seq only with the batch size
+PRIORITY = ("host_step_s", "graph_overlap", "host_per_seq_s")
+MIN_SENSITIVITY = 0.01    # a row moving < 1% when a key crosses a tenth of its range says nothing of it
+MIN_CONDITION = 0.05      # smallest / largest singular value of the kept keys' sensitivities
+
+
+def identifiable(df: pd.DataFrame, hardware: str, start: dict, base: dict | None = None,
+                 hardware_profiles: dict | None = None, engine_profiles: dict | None = None,
+                 keys=FIT_KEYS) -> tuple[tuple, dict]:
+    """Which of ``keys`` the rows can fit: (keys to fit, {key held: why}). The sensitivity of each
+    row's log prediction to each key (a tenth of its range, from ``start``) is taken by simulation;
+    a row is informative when some key moves it by ``MIN_SENSITIVITY``; keys are taken in
+    ``PRIORITY`` order while they are no more than the informative rows and their sensitivities stay
+    separable (condition ratio above ``MIN_CONDITION``). One benchmark run (TTFT and ITL at one load;
+    its throughput is the offered rate) identifies one key: with vLLM's asynchronous scheduling the host
+    time hides behind the GPU, so that key is graph_overlap."""
+    rows = df[df.hardware.map(hardware_name) == hardware]
+    x0 = {k: start[k] for k in keys}
+    over = {hardware: {**(base or {}), **x0}}
+    p0 = np.log(np.maximum(predict(rows, over, hardware_profiles, engine_profiles).predicted.to_numpy(), 1e-12))
+    cols = {}
+    for k in keys:
+        lo, hi = _BOUNDS[k]
+        step = 0.1 * (hi - lo)
+        x = dict(x0, **{k: x0[k] + step if x0[k] + step <= hi else x0[k] - step})
+        pk = predict(rows, {hardware: {**(base or {}), **x}}, hardware_profiles, engine_profiles).predicted.to_numpy()
+        cols[k] = np.nan_to_num((np.log(np.maximum(pk, 1e-12)) - p0) / 0.1)
+    informative = int(np.sum(np.max(np.abs(np.column_stack(list(cols.values()))), axis=1) > MIN_SENSITIVITY * 10))
+    chosen, held = [], {}
+    for k in [k for k in PRIORITY if k in keys] + [k for k in keys if k not in PRIORITY]:
+        if np.max(np.abs(cols[k])) <= MIN_SENSITIVITY * 10:
+            held[k] = "no row depends on it"
+            continue
+        if len(chosen) + 1 > informative:
+            held[k] = (f"{informative} informative row(s) fit at most {informative} key(s) (the throughput of a "
+                       "stable run is its offered rate; runs at other loads or lengths add rows)")
+            continue
+        sv = np.linalg.svd(np.column_stack([cols[c] for c in chosen + [k]]), compute_uv=False)
+        if sv[-1] < MIN_CONDITION * sv[0]:
+            held[k] = f"its effect on these rows cannot be told apart from {', '.join(chosen)}'s"
+            continue
+        chosen.append(k)
+    return tuple(chosen), held
+
+
 def fit_engine(df: pd.DataFrame, hardware: str, start: dict, base: dict | None = None,
                hardware_profiles: dict | None = None, engine_profiles: dict | None = None,
                keys=FIT_KEYS) -> tuple[dict, pd.DataFrame]:
