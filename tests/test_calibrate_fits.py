@@ -87,6 +87,7 @@ def _training_rows(tmp_path, scale: float = 1.0, hardware: str = "H100") -> Path
     return path
 
 
+@pytest.mark.slow   # ~20 s: the training fit over the H100 rows; CI runs it
 def test_training_writes_the_gemm_max_the_rows_identify(tmp_path):
     """It fitted 0 parameters and wrote a copy of the base profile."""
     out = tmp_path / "mine.toml"

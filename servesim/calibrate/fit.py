@@ -631,7 +631,7 @@ def fit_training_rows(cases, hw, holdout: bool = True):
         raise ConfigError(f"training: {len(mine)} usable row(s) on {hw.name}; fitting compute_scale and overlap "
                           f"needs at least 4; no profile written")
     groups = tuple(sorted({c.group for c in mine}))
-    fit = trn.fit_parameters(mine, groups)
+    fit, _ = trn.fit_parameters(mine, groups)
     df = trn.predict(mine, fit)
     ok = df.dropna(subset=["predicted_tokens_per_s_per_gpu"])
     bounds = {"compute_scale": (0.3, 1.3), "overlap": (0.0, 1.0)}
@@ -655,7 +655,7 @@ def fit_training_rows(cases, hw, holdout: bool = True):
             held = [c for c in mine if key(c) == g]
             if len(rest) < 4:
                 continue
-            f = trn.fit_parameters(rest, tuple(sorted({c.group for c in rest})))
+            f, _ = trn.fit_parameters(rest, tuple(sorted({c.group for c in rest})))
             err = trn.predict(held, f).rel_error.abs().dropna()
             hold.append({"kind": "training", "held_out": g, "n": int(err.size), "median_rel_err": float(err.median()),
                          "p90_rel_err": float(err.quantile(0.9)), "note": ""})
