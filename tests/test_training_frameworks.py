@@ -215,3 +215,17 @@ def test_api_keywords_take_profile_defaults():
     assert res.summary["layout"]["sp"] is True
     with pytest.raises(ConfigError):
         servesim.train(model="llama-3.1-8b", gpus=8, global_batch=16, framework="torchtitan", remat_policy="full")
+
+
+def test_ep_overlap_hides_the_all_to_alls_behind_compute(h100):
+    """--ep-overlap: each MoE layer's dispatch / combine beside another micro-batch's compute: exposed
+    only what the layer's compute cannot cover (plus the SMs the collective takes)."""
+    m = load_model("mixtral-8x7b")
+    lay = TrainLayout(tp=1, dp=8, ep=8, zero=1, seq_len=4096, global_batch=64, recompute="full")
+    plain = train_step(m, h100, lay, check_memory=False)
+    over = train_step(m, h100, dataclasses.replace(lay, ep_overlap=True), check_memory=False)
+    assert plain.breakdown_s["ep_comm"] > 0
+    assert over.breakdown_s["ep_comm"] < 0.3 * plain.breakdown_s["ep_comm"]
+    assert over.step_time_s < plain.step_time_s
+    with pytest.raises(ConfigError):
+        train_step(load_model("llama-3.1-8b"), h100, TrainLayout(dp=8, ep_overlap=True))

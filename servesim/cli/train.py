@@ -28,6 +28,9 @@ def _train_options(f):
                           "gathered before attention: the Llama 3 report's CP, Megatron all_gather, torchtitan's "
                           "default rotate method)."),
         click.option("--ep", default=1, show_default=True, type=int, help="Expert-parallel degree (inside DP)."),
+        click.option("--ep-overlap", is_flag=True,
+                     help="Run the expert-parallel all-to-alls beside another micro-batch's compute (Megatron "
+                          "--overlap-moe-expert-parallel-comm); what the compute cannot cover stays exposed."),
         click.option("--vp", default=1, show_default=True, type=int, help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--first-stage-layers", default=None, type=int,
                      help="Layers of the first pipeline stage (Megatron --decoder-first-pipeline-num-layers); "

@@ -72,6 +72,7 @@ class TrainLayout:
     remat_policy: str | None = None            # MaxText remat policy (framework.REMAT_POLICIES)
     reshard_after_forward: str | None = None   # ZeRO-3 / FSDP: always | never | default (torchtitan's)
     fp8_all_gather: bool | None = None         # ZeRO-3 / FSDP gathers fp8 weights (torchao, --fp8-param-gather)
+    ep_overlap: bool = False                   # EP all-to-alls beside another micro-batch's compute (Megatron)
 
     @property
     def gpus(self) -> int:
@@ -281,6 +282,8 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
     if gpus is not None and gpus != lay.gpus:
         raise InfeasibleError(f"--gpus {gpus} != tp*pp*dp*cp = {lay.tp}*{lay.pp}*{lay.dp}*{lay.cp} = "
                               f"{lay.gpus}; use --gpus {lay.gpus} or change the degrees")
+    if lay.ep_overlap and lay.ep == 1:
+        raise ConfigError("--ep-overlap overlaps the expert-parallel all-to-alls; it needs --ep > 1")
     if lay.ep > 1 and (lay.dp * lay.cp) % lay.ep:
         raise InfeasibleError(f"--ep {lay.ep} must divide dp*cp = {lay.dp * lay.cp} (experts are "
                               f"sharded inside the data-parallel group); use one of {_divisors(lay.dp * lay.cp)}")

@@ -334,6 +334,13 @@ def _layer_times(model, hw, lay, k: _Kern, moe_layer: bool) -> dict:
         ep_f = 2.0 * comm.all_to_all(hw, rows * model.moe.experts_per_token * h * BYTES_16, lay.ep,
                                      stride=t * cp)
     ep_b = ep_f
+    if lay.ep_overlap and ep_f > 0:
+        # Megatron-Core --overlap-moe-expert-parallel-comm (DeepSeek-V3 report sec. 3.2.1's idea: the
+        # dispatch / combine of one micro-batch run beside the computation of another): what the
+        # layer's compute cannot cover stays exposed, and the collective's SMs slow that compute
+        share = min(1.0, COMM_SMS / max(1, hw.sm_count))
+        ep_f = _hidden(ep_f, compute_f, 1.0, share)
+        ep_b = _hidden(ep_b, compute_b, 1.0, share)
 
     # selective recompute: forward time of each recomputed module
     mods = set(lay.modules)

@@ -15,13 +15,13 @@ LAYOUT_DEFAULTS = dict(
     last_stage_layers=None, account_for_embedding=False, account_for_loss=False, pipeline_layout=None, sp=None,
     tp_overlap=None, zero=None, dp_overlap=None, fsdp_prefetch=None, fsdp_param_bytes=None, recompute=None,
     recompute_layers=None, recompute_modules=None, selective_ac=None, remat_policy=None, reshard_after_forward=None,
-    fp8_all_gather=None, offload_activations=None, dtype="bf16", fp8_recipe=None, attention=None, dropout=False,
+    fp8_all_gather=None, ep_overlap=False, offload_activations=None, dtype="bf16", fp8_recipe=None, attention=None, dropout=False,
     seq_len=4096, micro_batch=1, global_batch=256)
 _CHOICES = {"cp_comm": CP_COMM, "recompute": ("none", "selective", "full", "auto"), "dtype": ("bf16", "fp8"),
             "fp8_recipe": FP8_RECIPES, "attention": ("flash", "fa2", "unfused"), "fsdp_param_bytes": ("2", "4"),
             "remat_policy": tuple(REMAT_POLICIES), "reshard_after_forward": RESHARD}
 _OPTIONAL_CHOICES = ("fp8_recipe", "attention", "fsdp_param_bytes", "recompute", "remat_policy", "reshard_after_forward")
-_FLAGS = ("account_for_embedding", "account_for_loss", "dropout")
+_FLAGS = ("account_for_embedding", "account_for_loss", "dropout", "ep_overlap")
 _OPTIONAL_FLAGS = ("sp", "tp_overlap", "fp8_all_gather")   # None: the framework profile's
 
 
@@ -108,7 +108,8 @@ def base_layout(kw: dict, dp: int = 1):
                        dropout=kw["dropout"], dp_overlap=kw["dp_overlap"], fsdp_prefetch=kw["fsdp_prefetch"],
                        fsdp_param_bytes=int(kw["fsdp_param_bytes"]) if kw["fsdp_param_bytes"] else None,
                        selective_ac=kw["selective_ac"], remat_policy=kw["remat_policy"],
-                       reshard_after_forward=kw["reshard_after_forward"], fp8_all_gather=kw["fp8_all_gather"])
+                       reshard_after_forward=kw["reshard_after_forward"], fp8_all_gather=kw["fp8_all_gather"],
+                       ep_overlap=kw["ep_overlap"])
 
 
 @dataclass(frozen=True)
