@@ -385,11 +385,14 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     return Result(config, summary, df, iters, out.gap_hist)
 
 
-# One small run of each set of features the kernel is compiled for (`servesim warmup`): one pool, the
-# prefix cache with sessions and a CPU tier, prefill/decode pools, more than four pools.
+# One small run of each set of features the kernel is compiled for (`servesim warmup`). A feature a
+# run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, and the
+# flow between events (session turns, prefill/decode transfers); one to four pools, or five to eight.
 WARMUP_RUNS = {
-    "single pool": dict(),
-    "prefix cache, sessions, CPU tier": dict(workload="sessions", cpu_kv_gib=1.0, router="prefix-aware"),
+    "one pool": dict(),
+    "prefix cache": dict(num_system_prompts=2, users_per_system_prompt=5, system_prompt_len=100),
+    "sessions": dict(workload="sessions", prefix_caching=False),
+    "prefix cache and sessions": dict(workload="sessions", cpu_kv_gib=1.0, router="prefix-aware"),
     "prefill/decode pools": dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
                                  layerwise_transfer=True),
     "five to eight pools": dict(pool=("h100-sxm:tp1:x1",) * 5),

@@ -46,6 +46,8 @@ def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
     if cfg.concurrency > 0 and ctr[SENT] < rq.prompt.shape[0]:
         rq.arrival[ctr[SENT]] = now + cfg.frontend
         ctr[SENT] += 1
+    if flow is None:        # (no sessions: compiled without them)
+        return
     j = chains.next_turn[i]
     if j >= 0:
         rq.arrival[j] = now + chains.think[j] + cfg.frontend
@@ -80,11 +82,11 @@ def complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix,
         i = slot_req[k, j]
         in_flight[i] = False
         computed[i] += slot_chunk[k, j]
-        if cfg.prefix_caching and not rq.reg_done[i]:
+        if cache is not None and not rq.reg_done[i]:
             register_nb(cfg, rq, cache, chains, ctr, r, i)
         if computed[i] != prompt[i] + generated[i]:
             continue                # a prefill chunk that does not finish the prompt
-        if prefill_pool and generated[i] == 0 and rq.output[i] > 1:
+        if flow is not None and prefill_pool and generated[i] == 0 and rq.output[i] > 1:
             drop_running_nb(sl.running, rp.n_running, r, i)
             rq.status[i] = C.TRANSFER
             rq.pf_replica[i] = r
@@ -119,7 +121,7 @@ def complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix,
         rp.pad_seqs[r] = 0
         rp.pad_kv[r] = 0
     wake_nb(pools, rp, sl, r, max(rp.next_free[r], now))
-    if freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
+    if flow is not None and freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
         retry_held_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, now)
 
 
@@ -149,13 +151,13 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
     free, nblk = rp.free_blocks, pools.num_blocks
     best = lst[0]
     best_h = -1
-    if prefix_aware:
+    if cache is not None and prefix_aware:
         best_h = cached_prefix_nb(cfg, rq, cache, chains, best, i)
     for jj in range(1, m):
         r = lst[jj]
         lr = load[r] / weight[pool[r]]
         lbest = load[best] / weight[pool[best]]
-        if prefix_aware:
+        if cache is not None and prefix_aware:
             h = cached_prefix_nb(cfg, rq, cache, chains, r, i)
             if h > best_h or (h == best_h and lr < lbest):
                 best = r

@@ -83,8 +83,11 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
     rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
     ctr = new_counters(cfg, n)
     rp, sl = new_replicas(cfg, pools)
-    cache = new_cache(cfg, pools, ctr)
-    flow = new_flow(n, bool(np.any(pools.role == C.DECODE)))
+    # features the run does not use are None: numba prunes their branches, and compiles the loop
+    # without them (one specialisation per feature set, each cached)
+    cache = new_cache(cfg, pools, ctr) if cfg.prefix_caching else None
+    pd = bool(np.any(pools.role == C.DECODE))
+    flow = new_flow(n, pd) if pd or bool(np.any(chains.next_turn >= 0)) else None
     log = new_log(cfg.log_size)
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
@@ -116,7 +119,7 @@ def next_arrival_nb(rq, flow, ctr):
     if ctr[NEXT_ARRIVAL] < ctr[SENT]:
         i = ctr[NEXT_ARRIVAL]
         t = rq.arrival[i]
-    if ctr[HEAP_N] > 0 and flow.heap_t[0] < t:
+    if flow is not None and ctr[HEAP_N] > 0 and flow.heap_t[0] < t:
         return flow.heap_t[0], flow.heap_i[0], True
     return t, i, False
 
@@ -146,10 +149,10 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, sl, cache, flow, step, log, ctr
         if t_comp <= t:
             complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
                         k % cfg.pp, now)
-        elif t_x <= t:
+        elif flow is not None and t_x <= t:
             transfer_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, x, now)
         elif t_arr <= t:
-            if from_heap:
+            if flow is not None and from_heap:
                 heap_pop_nb(flow, ctr)
             else:
                 ctr[NEXT_ARRIVAL] += 1

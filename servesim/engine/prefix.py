@@ -136,6 +136,8 @@ def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
     rp.free_blocks[r] -= n
     k = n if rp.empty[r] >= n else rp.empty[r]
     rp.empty[r] -= k
+    if cache is None:       # no prefix cache: every free block is empty (k == n)
+        return
     cpu = pools.cpu_blocks[rp.pool[r]]
     for _ in range(n - k):
         e = rp.lru_head[r]
@@ -160,6 +162,8 @@ def release_nb(cfg, rq, rp, cache, chains, r, i, held):
     """Request i gives back the `held` blocks it has on replica r: private ones become empty, its
     referenced entries are released from the last to the first (refcount 0: to the LRU tail)."""
     give_nb(rp, r, held - rq.n_ref[i])
+    if cache is None:       # no prefix cache: no entries (n_ref == 0)
+        return
     base = chains.start[i]
     for j in range(rq.n_ref[i] - 1, -1, -1):
         e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)

@@ -71,7 +71,7 @@ def pop_front_nb(q_next, q_head, q_tail, n_waiting, r):
 @njit(**HANDLER)
 def cached_nb(cfg, rq, cache, chains, r, i):
     """(h, g0, c) of `prefix.lookup_nb` for a waiting request with nothing computed, else zeros."""
-    if cfg.prefix_caching and rq.computed[i] == 0 and chains.length[i] > 0:
+    if cache is not None and rq.computed[i] == 0 and chains.length[i] > 0:
         return lookup_nb(cfg, rq, cache, chains, r, i)
     return 0, 0, 0
 
@@ -130,7 +130,7 @@ def static_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, pref
             pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
             if cfg.prefix_caching and rq.computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += rq.prompt[i]
-            if h > 0:
+            if cache is not None and h > 0:
                 reload_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
             take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
             rq.blocks[i] += need
@@ -274,7 +274,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, 
             pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
             if cfg.prefix_caching and computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += prompt[i]
-            if h > 0:
+            if cache is not None and h > 0:
                 swap_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
             if status[i] == C.SWAPPED:
                 swap_s += swap_seconds_nb(swap, pools, rp, rq, r, i)
