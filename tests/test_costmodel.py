@@ -1,17 +1,17 @@
 """Cost model: hand-derived counts, roofline limits, monotonicity, collectives, feasibility."""
 import dataclasses
 import math
-from servesim.config.engine import load_engine
-
-VLLM = load_engine("vllm")
 
 import pytest
 
 from servesim.config import list_hardware, list_models, load_hardware, load_model
+from servesim.config.engine import load_engine
 from servesim.costmodel import Batch, Layout, build_replica, lower
 from servesim.costmodel.collectives import ring_allreduce_time_nb, tree_allreduce_time_nb
 from servesim.costmodel.memory import kv_bytes_per_token_layer, weight_bytes_per_gpu
 from servesim.errors import ConfigError, InfeasibleError
+
+VLLM = load_engine("vllm")
 
 TINY = """
 name = "tiny"

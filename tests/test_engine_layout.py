@@ -11,9 +11,9 @@ MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_fro
 
 
 def _handlers(module):
-    return {name[:-3] for name, f in vars(module).items()
-            if name.endswith("_nb") and getattr(f, "py_func", None) is not None
-            and inspect.getmodule(f.py_func) is module}
+    """The jitted functions defined in `module` (with NUMBA_DISABLE_JIT=1, the plain functions)."""
+    funcs = {name: getattr(f, "py_func", f) for name, f in vars(module).items() if name.endswith("_nb")}
+    return {name[:-3] for name, f in funcs.items() if inspect.isfunction(f) and inspect.getmodule(f) is module}
 
 
 def test_every_handler_has_a_reference_method_of_the_same_name():

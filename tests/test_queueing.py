@@ -71,7 +71,7 @@ def test_mg1_pollaczek_khinchine(rc):
     """M/G/1 with uniform prompt lengths: Wq = lambda E[S^2] / (2 (1 - rho))."""
     lo, hi = 32, 2048
     support = np.arange(lo, hi + 1)
-    s_of = np.array([prefill_time(rc.params, int(l)) for l in support])
+    s_of = np.array([prefill_time(rc.params, int(x)) for x in support])
     ES, ES2 = s_of.mean(), (s_of ** 2).mean()     # exact moments of the discrete uniform length
     assert s_of.std() / ES > 0.3                   # service is genuinely variable
     rho = 0.7

@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 
-import numpy as np
 import pandas as pd
 
 from servesim.errors import ConfigError

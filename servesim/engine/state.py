@@ -258,7 +258,7 @@ def new_requests(arrival, prompt, output, u1, u2, next_turn):
     later = next_turn[next_turn >= 0]
     rq["followup"][later] = True
     rq["arrival"][later] = np.inf   # a session's later turn is sent when the turn before ends
-    return rq
+    return rq.view(np.recarray)     # (rq.prompt also without numba: NUMBA_DISABLE_JIT=1)
 
 
 def new_replicas(cfg, pools):
@@ -277,7 +277,7 @@ def new_replicas(cfg, pools):
     sl = Slots(np.full((R, B), -1, np.int64), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
                np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(S), np.zeros((R, cfg.pp)),
                np.flatnonzero(~is_decode).astype(np.int64), np.flatnonzero(is_decode).astype(np.int64))
-    return rp, sl
+    return rp.view(np.recarray), sl
 
 
 def new_cache(cfg, pools, ctr):
