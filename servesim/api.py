@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from .config import load_hardware, load_model
-from .costmodel import Layout, build_replica
-from .config.engine import load_engine, replica_provenance, with_fit_for
+from .config.engine import load_engine, replica_provenance
 from .engine.budget import check_run_memory
+from .engine.lower import replica_of
 from .engine.run import EngineOptions, engine_config, run_engine
 from .errors import ConfigError
 from .metrics import requests_frame, summarize
@@ -125,20 +125,6 @@ def _check_blocks(cfg: SimConfig, ecfg, reqs) -> None:
             f"--num-gpu-blocks {cfg.num_gpu_blocks} holds {cfg.num_gpu_blocks * ecfg.block_size} tokens, fewer than "
             f"the longest request ({longest} tokens = {need} blocks of {ecfg.block_size}); use --num-gpu-blocks "
             f"{need + ecfg.watermark_blocks} or more")
-
-
-def replica_of(cfg: SimConfig, model, hw, engine=None):
-    """The lowered replica of a resolved config: its engine profile (``engine``: an in-memory profile
-    replacing ``cfg.engine``; ``iteration_overhead_us`` replaces the engine's host time per step),
-    layout, memory and cost bundle."""
-    engine = engine if engine is not None else load_engine(cfg.engine)
-    if cfg.iteration_overhead_us is not None:
-        if not cfg.iteration_overhead_us >= 0:
-            raise ConfigError(f"--iteration-overhead-us must be >= 0, got {cfg.iteration_overhead_us}")
-        engine = with_fit_for(engine, hw, host_step_s=cfg.iteration_overhead_us * 1e-6)
-    layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce)
-    return build_replica(model, hw, layout, cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
-                         max_seqs=cfg.max_num_seqs, engine=engine)
 
 
 # options of pools, prefix caching and PD: in the config of a single-pool run only when given (so

@@ -22,7 +22,7 @@ from dataclasses import fields, replace
 import numpy as np
 
 from .errors import ConfigError, ServesimWarning
-from .options import flag
+from .options import check_choice, check_known_name, flag  # noqa: F401  (read from here too)
 
 INT64_MAX = 2**63 - 1
 
@@ -83,16 +83,6 @@ def check_float(value, option: str, *, gt: float | None = None, ge: float | None
     return value if isinstance(value, (int, float)) and not isinstance(value, np.generic) else x
 
 
-def check_choice(value, option: str, choices, *, none_ok: bool = False):
-    if value is None and none_ok:
-        return None
-    if not isinstance(value, str) or value not in choices:
-        close = difflib.get_close_matches(str(value), list(choices), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"{option} {value!r} unknown; {hint}use one of {', '.join(choices)}")
-    return value
-
-
 def check_name(value, option: str, *, none_ok: bool = False, what: str = "a name or a file path"):
     """A non-empty string (a path object becomes its string)."""
     if value is None and none_ok:
@@ -141,19 +131,6 @@ def check_field(name: str, value, option: str | None = None):
         from .pools import pool_texts
         return pool_texts(value, option)
     raise AssertionError(rule.kind)
-
-
-def check_known_name(name: str, value: str, option: str | None = None) -> str:
-    """A shipped name of SimConfig field `name` (hardware, engine, model, workload), or a file path."""
-    from .options import options
-    known = options()[name].names()
-    path = "/" in value or "\\" in value or os.path.splitext(value)[1] in (".toml", ".json", ".csv")
-    if value not in known and not path:
-        close = difflib.get_close_matches(value, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"{option or flag(name)}: unknown {name} {value!r}; {hint}use one of {', '.join(known)} "
-                          "or a file path")
-    return value
 
 
 def check_sim_keywords(options: dict) -> None:

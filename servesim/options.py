@@ -13,9 +13,12 @@ replicas, so simulate, sweep, plan and report describe the same traffic.
 """
 from __future__ import annotations
 
+import difflib
+import os
 from dataclasses import MISSING, dataclass, field, fields
 
 from .engine import codes as C
+from .errors import ConfigError
 
 KINDS = ("name", "int", "float", "choice", "bool", "duration", "stages", "slo", "pools")   # duration: seconds (text on the CLI)
 
@@ -225,3 +228,26 @@ def plain(cfg) -> dict:
         v = getattr(cfg, f.name)
         out[f.name] = str(v) if f.metadata["option"].kind == "slo" and v is not None else v
     return out
+
+
+# checks of an option's value against its declaration (also `servesim.checks`)
+def check_choice(value, option: str, choices, *, none_ok: bool = False):
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        close = difflib.get_close_matches(str(value), list(choices), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{option} {value!r} unknown; {hint}use one of {', '.join(choices)}")
+    return value
+
+
+def check_known_name(name: str, value: str, option: str | None = None) -> str:
+    """A shipped name of SimConfig field `name` (hardware, engine, model, workload), or a file path."""
+    known = options()[name].names()
+    path = "/" in value or "\\" in value or os.path.splitext(value)[1] in (".toml", ".json", ".csv")
+    if value not in known and not path:
+        close = difflib.get_close_matches(value, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{option or flag(name)}: unknown {name} {value!r}; {hint}use one of {', '.join(known)} "
+                          "or a file path")
+    return value

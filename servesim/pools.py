@@ -6,7 +6,7 @@ replica count and role (mixed: prefill and decode on the same replicas; prefill 
 disaggregated roles, the KV cache moving from a prefill replica to a decode replica). Without
 ``--pool`` the single-pool options (``--hardware --tp --pp --replicas``) make one mixed pool.
 
-Lowering (`lower_pools`) prices each pool with its own replica (`api.replica_of` on its hardware,
+Lowering (`lower_pools`) prices each pool with its own replica (`engine.lower.replica_of` on its hardware,
 engine, dtype, TP, PP; the deployment's gpu_memory_utilization, max_num_seqs, token budget and block
 size) and fills, per pool:
 
@@ -84,8 +84,7 @@ def _bad(text: str, why: str, option: str) -> ConfigError:
 def parse_pool(text, option: str = "--pool") -> PoolSpec:
     """'h100-sxm:tp2:x4' -> PoolSpec; anything else is a one-line ConfigError naming ``option``, the
     text and the expected form."""
-    from .checks import check_choice, check_known_name
-    from .options import options
+    from .options import check_choice, check_known_name, options
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(f"{option} {text!r}: not a pool spec; write {FORM}")
     parts = [p.strip() for p in text.strip().split(":")]
@@ -222,7 +221,7 @@ def lower_pools(cfg, model, specs: list[PoolSpec], opts, *, hw_profile=None, eng
     """Resolved SimConfig + pool specs + the deployment's EngineOptions -> (list[LoweredPool],
     state.Pools). ``hw_profile`` / ``engine_profile``: in-memory profiles for pools on ``cfg.hardware``
     / ``cfg.engine`` (calibration)."""
-    from .api import replica_of
+    from .engine.lower import replica_of
     from .config import load_hardware
     from .config.engine import load_engine
     from .costmodel.dtypes import compute_dtype

@@ -43,7 +43,7 @@ from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_b
                       gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb,
                       weight_only_gemm_time_nb)
 from .moe_tiles import pick_tile_nb
-from .params import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
+from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 from .roofline import roofline_time_nb
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from . import collectives, elementwise
+from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_MODES, GRAPH_NONE, GRAPH_PIECEWISE  # noqa: F401
 from .dtypes import (BYTES, WEIGHT_ONLY_EXTRA_LATENCY_US, activation_bytes, check_dtype, compute_dtype,
                      kv_dtype_resolved, weight_only)
 from .moe_tiles import tile_table
@@ -122,12 +123,6 @@ class CostParams(NamedTuple):
     tab_comm: np.ndarray
 
 
-GRAPH_NONE = 0
-GRAPH_PIECEWISE = 1
-GRAPH_FULL = 2
-GRAPH_FULL_AND_PIECEWISE = 3
-GRAPH_MODES = {"none": GRAPH_NONE, "piecewise": GRAPH_PIECEWISE, "full": GRAPH_FULL,
-               "full_and_piecewise": GRAPH_FULL_AND_PIECEWISE}
 
 
 def check_layout(model, hw, layout: Layout) -> None:

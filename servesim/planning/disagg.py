@@ -42,7 +42,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
-from .plan import LATENCY_SLACK, _lengths, _quantile, _sim, borrowed_row, fit_columns
+from .common import LATENCY_SLACK, PlanResult, _lengths, _metrics, _quantile, _sim, borrowed_row, fit_columns
 
 NEIGHBOURHOOD = (-1, 0, 1, 2)
 ROLES = ("prefill", "decode")
@@ -310,7 +310,6 @@ def _check(S: _Search, c: _Cand) -> int:
 
 
 def _row(S: _Search, c: _Cand, sim: dict) -> dict:
-    from .plan import _metrics
     pools = pool_specs(c.lp, c.ld, c.p, c.d, S.spec.dtypes)
     usd = S.usd(c, c.p, c.d)
     row = {"pools": list(pools), "hardware": f"{c.lp['hardware']}+{c.ld['hardware']}",
@@ -349,7 +348,6 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
     """The P:D plan of a checked base at `rate` -> plan.PlanResult (best, candidates, why_not,
     simulations, search space)."""
     from ..config import list_hardware
-    from .plan import PlanResult
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
     # the engine limits are deployment-wide: one value each (prepare_plan refuses lists)

@@ -22,15 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from ..engine.budget import check_points
 from .backends import Backend
-from .evaluate import simulate_summary, verdict
+from .common import (LATENCY_SLACK, PlanResult, _lengths, _metrics, _quantile, _sim,  # noqa: F401 (also read from here)
+                     borrowed_row, fit_columns)
 
 SLACK = 1.25            # the capacity bound is optimistic by design; this keeps it a bound
-LATENCY_SLACK = 0.95    # latency floors are compared after this factor
 
 
 @dataclass(frozen=True)
@@ -56,35 +55,7 @@ class PlanSpec:
     require_measured: bool = False             # leave out layouts resting on borrowed fits (fit_columns)
 
 
-@dataclass
-class PlanResult:
-    best: dict | None
-    candidates: list
-    why_not: str | None
-    simulations: int
-    space_size: int
-
-    def as_dict(self) -> dict:
-        return {"best": self.best, "candidates": self.candidates, "why_not": self.why_not,
-                "simulations": self.simulations, "search_space": self.space_size}
-
-
 # ---------------------------------------------------------------- bounds
-def _lengths(base):
-    from ..config import load_model
-    from ..workload import DEFAULT_NUM_REQUESTS, build_requests, load_workload, with_shared_prefix
-    model = load_model(base.model)
-    workload = with_shared_prefix(load_workload(base.workload), base.num_system_prompts,
-                                  base.users_per_system_prompt, base.system_prompt_len)
-    reqs = build_requests(workload, min(base.num_requests or DEFAULT_NUM_REQUESTS, 4000), base.seed, rate=1.0,
-                          isl=base.isl, osl=base.osl, max_len=model.max_context, question_len=base.question_len)
-    return np.asarray(reqs.prompt, float), np.asarray(reqs.output, float)
-
-
-def _quantile(x, stat):
-    return float(x.mean()) if stat == "mean" else float(np.quantile(x, int(stat[1:]) / 100.0))
-
-
 def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) -> dict:
     """{'status': 'ok'|'infeasible'|'pruned', 'reason', 'capacity_rps', 'ttft_floor_ms', 'tpot_floor_ms'}."""
     from ..api import replica_of, resolve
@@ -137,35 +108,11 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
     return out
 
 
-def fit_columns(rc) -> dict:
-    """A layout's ``fit``: "measured" when its hardware efficiencies and engine table were fitted on
-    its own GPU, else "borrowed" (``fit_note`` says which terms: `config.engine.provenance`)."""
-    from ..config.engine import replica_provenance
-    p = replica_provenance(rc)
-    return {"fit": "measured" if p["measured"] else "borrowed", "fit_note": p["text"]}
-
-
-def borrowed_row(layout: dict, bounds: dict, role: str = "") -> dict:
-    """The candidate row of a layout that ``--require-measured`` leaves out."""
-    return {**layout, "status": "borrowed_fit", "fit": bounds["fit"], "fit_note": bounds["fit_note"],
-            "reason": f"{role + ': ' if role else ''}rests on borrowed fits ({bounds['fit_note']}); "
-                      "--require-measured leaves it out"}
-
-
 def replicas_lower_bound(rate: float, capacity_rps: float) -> int:
     return max(1, int(math.floor(rate / (SLACK * capacity_rps))) + 1) if capacity_rps > 0 else 1
 
 
 # ---------------------------------------------------------------- tasks
-def _sim(cfg, margin):
-    status, out = simulate_summary(cfg)
-    if status != "ok":
-        return {"replicas": cfg.replicas, "status": status, "ok": False, "reasons": [out], "headroom": None,
-                "summary": None}
-    ok, reasons, head = verdict(out, margin)
-    return {"replicas": cfg.replicas, "status": "ok", "ok": ok, "reasons": reasons, "headroom": head, "summary": out}
-
-
 def search_task(arg) -> dict:
     """Task: (cfg with layout, r_min, r_max, margin) -> the fewest replicas meeting the SLO (galloping
     from r_min, then bisection), and every simulation made."""
@@ -215,15 +162,6 @@ def _layouts(spec: PlanSpec):
                         for mnbt in spec.max_num_batched_tokens:
                             yield {"hardware": hw, "dtype": dtype, "tp": tp, "pp": pp, "max_num_seqs": mns,
                                    "max_num_batched_tokens": mnbt}
-
-
-def _metrics(s: dict) -> dict:
-    keep = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
-    m = {k: {kk: vv for kk, vv in s[k].items() if kk != "ci95"} for k in keep}
-    m.update({"itl_ms": s["itl_ms"], "throughput": s["throughput"], "utilization": s["utilization"],
-              "saturated": s["saturated"], "slo": s["slo"], "slo_attainment": s["slo_attainment"],
-              "goodput_requests_per_s": s["goodput_requests_per_s"], "num_completed": s["num_completed"]})
-    return m
 
 
 def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:

@@ -1,0 +1,72 @@
+"""What the co-located planner (`plan.py`) and the disaggregated one (`disagg.py`) share: the result
+type, the workload's lengths, a simulated candidate and its metrics, fit provenance columns."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .evaluate import simulate_summary, verdict
+
+LATENCY_SLACK = 0.95    # latency floors are compared after this factor
+
+
+@dataclass
+class PlanResult:
+    best: dict | None
+    candidates: list
+    why_not: str | None
+    simulations: int
+    space_size: int
+
+    def as_dict(self) -> dict:
+        return {"best": self.best, "candidates": self.candidates, "why_not": self.why_not,
+                "simulations": self.simulations, "search_space": self.space_size}
+
+
+def _lengths(base):
+    from ..config import load_model
+    from ..workload import DEFAULT_NUM_REQUESTS, build_requests, load_workload, with_shared_prefix
+    model = load_model(base.model)
+    workload = with_shared_prefix(load_workload(base.workload), base.num_system_prompts,
+                                  base.users_per_system_prompt, base.system_prompt_len)
+    reqs = build_requests(workload, min(base.num_requests or DEFAULT_NUM_REQUESTS, 4000), base.seed, rate=1.0,
+                          isl=base.isl, osl=base.osl, max_len=model.max_context, question_len=base.question_len)
+    return np.asarray(reqs.prompt, float), np.asarray(reqs.output, float)
+
+
+def _quantile(x, stat):
+    return float(x.mean()) if stat == "mean" else float(np.quantile(x, int(stat[1:]) / 100.0))
+
+
+def fit_columns(rc) -> dict:
+    """A layout's ``fit``: "measured" when its hardware efficiencies and engine table were fitted on
+    its own GPU, else "borrowed" (``fit_note`` says which terms: `config.engine.provenance`)."""
+    from ..config.engine import replica_provenance
+    p = replica_provenance(rc)
+    return {"fit": "measured" if p["measured"] else "borrowed", "fit_note": p["text"]}
+
+
+def borrowed_row(layout: dict, bounds: dict, role: str = "") -> dict:
+    """The candidate row of a layout that ``--require-measured`` leaves out."""
+    return {**layout, "status": "borrowed_fit", "fit": bounds["fit"], "fit_note": bounds["fit_note"],
+            "reason": f"{role + ': ' if role else ''}rests on borrowed fits ({bounds['fit_note']}); "
+                      "--require-measured leaves it out"}
+
+
+def _sim(cfg, margin):
+    status, out = simulate_summary(cfg)
+    if status != "ok":
+        return {"replicas": cfg.replicas, "status": status, "ok": False, "reasons": [out], "headroom": None,
+                "summary": None}
+    ok, reasons, head = verdict(out, margin)
+    return {"replicas": cfg.replicas, "status": "ok", "ok": ok, "reasons": reasons, "headroom": head, "summary": out}
+
+
+def _metrics(s: dict) -> dict:
+    keep = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
+    m = {k: {kk: vv for kk, vv in s[k].items() if kk != "ci95"} for k in keep}
+    m.update({"itl_ms": s["itl_ms"], "throughput": s["throughput"], "utilization": s["utilization"],
+              "saturated": s["saturated"], "slo": s["slo"], "slo_attainment": s["slo_attainment"],
+              "goodput_requests_per_s": s["goodput_requests_per_s"], "num_completed": s["num_completed"]})
+    return m
