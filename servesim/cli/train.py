@@ -56,6 +56,10 @@ def _train_options(f):
                      help="ZeRO stage 0-3 (1 = distributed optimizer, 3 = FSDP) [default: the framework's].") ,
         click.option("--dp-overlap/--no-dp-overlap", default=None,
                      help="Overlap gradient reduction / parameter gathers with compute [default: the framework's]."),
+        click.option("--dp-shard", default=None, type=int,
+                     help="Hybrid sharding: ZeRO / FSDP shard the model states over this many data-parallel ranks "
+                          "and replicate them over the rest (torchtitan data_parallel_shard_degree, MaxText "
+                          "ici_fsdp x dcn_data) [default: every data-parallel rank]."),
         click.option("--fsdp-prefetch", default=None, type=int,
                      help="ZeRO-3/FSDP: layers whose parameters are gathered ahead [default: the framework's]."),
         click.option("--fsdp-param-bytes", default=None, type=click.Choice(["2", "4"]),

@@ -73,6 +73,7 @@ class TrainLayout:
     reshard_after_forward: str | None = None   # ZeRO-3 / FSDP: always | never | default (torchtitan's)
     fp8_all_gather: bool | None = None         # ZeRO-3 / FSDP gathers fp8 weights (torchao, --fp8-param-gather)
     ep_overlap: bool = False                   # EP all-to-alls beside another micro-batch's compute (Megatron)
+    dp_shard: int | None = None                # data-parallel ranks sharing the model states; None: all (HSDP below)
 
     @property
     def gpus(self) -> int:
@@ -90,6 +91,21 @@ class TrainLayout:
         if self.recompute != "selective" or self.selective_ac is not None:
             return ()
         return self.recompute_modules or ("core_attn",)
+
+    def shard_groups(self) -> tuple[int, int, int, int]:
+        """(shard, replicas) of the dense and of the expert data-parallel groups. ZeRO / FSDP shard
+        the model states over the ``dp_shard`` innermost data-parallel ranks (DP x CP for dense
+        parameters, DP x CP / EP for experts) and replicate them over the rest: hybrid sharding
+        (torchtitan's data_parallel_shard / replicate degrees, MaxText's ici_fsdp x dcn_data
+        axes, Megatron's --num-distributed-optimizer-instances)."""
+        n_dense = self.dp * self.cp
+        n_exp = max(1, n_dense // self.ep)
+        if self.dp_shard is None or self.dp_shard >= n_dense:
+            return n_dense, 1, n_exp, 1
+        rep = n_dense // self.dp_shard
+        if n_exp % rep == 0:
+            return self.dp_shard, rep, n_exp // rep, rep
+        return self.dp_shard, rep, n_exp, 1
 
     @property
     def op_sac(self) -> bool:
@@ -282,6 +298,13 @@ def check_layout(model, hw, lay: TrainLayout, gpus: int | None = None) -> None:
     if gpus is not None and gpus != lay.gpus:
         raise InfeasibleError(f"--gpus {gpus} != tp*pp*dp*cp = {lay.tp}*{lay.pp}*{lay.dp}*{lay.cp} = "
                               f"{lay.gpus}; use --gpus {lay.gpus} or change the degrees")
+    if lay.dp_shard is not None:
+        n = lay.dp * lay.cp
+        if not isinstance(lay.dp_shard, int) or lay.dp_shard < 1 or n % lay.dp_shard:
+            raise InfeasibleError(f"--dp-shard {lay.dp_shard!r} must divide dp*cp = {n} (the shard group is "
+                                  f"that many data-parallel ranks, the rest replicas); use one of {_divisors(n)}")
+        if (lay.zero or 0) < 1:
+            raise ConfigError(f"--dp-shard {lay.dp_shard} shards model states: it needs --zero 1, 2 or 3")
     if lay.ep_overlap and lay.ep == 1:
         raise ConfigError("--ep-overlap overlaps the expert-parallel all-to-alls; it needs --ep > 1")
     if lay.ep > 1 and (lay.dp * lay.cp) % lay.ep:

@@ -5,7 +5,8 @@ dist_optimizer.md): 16-bit weights (2 B), gradients (``grad_bytes`` of the frame
 Megatron's fp32 main-grad buffer, 2 for fp16/bf16 reductions) and 12 B of optimiser state (fp32
 master weights, Adam momentum and variance). ZeRO-1 (Megatron's distributed optimizer) shards the
 12 B, ZeRO-2 also the gradients, ZeRO-3 / FSDP also the weights, over the data-parallel group
-(DP x CP ranks; experts over DP x CP / EP): Megatron bf16 with the distributed optimizer is
+(DP x CP ranks; experts over DP x CP / EP), or over its ``--dp-shard`` innermost ranks with the
+rest replicas (hybrid sharding): Megatron bf16 with the distributed optimizer is
 6 + 12/d bytes per parameter, as its documentation tabulates. ZeRO-3 also holds the gathered
 16-bit parameters of the layers in flight (the current one plus ``fsdp_prefetch`` ahead; the
 embedding or LM head when that is larger) and the unsharded gradients of two layers (one being
@@ -310,8 +311,7 @@ def rank_memory(model, hw, lay, fw, rank: int, chunks) -> dict[str, float]:
     """Bytes per GPU of pipeline rank ``rank``, per part (``lay`` resolved)."""
     dense, expert, big_d, big_e = stage_params(model, lay, chunks)
     pd_, pe = dense / lay.tp, expert / (lay.tp * lay.ep)
-    n_dense = lay.dp * lay.cp
-    n_exp = max(1, n_dense // lay.ep)
+    n_dense, _, n_exp, _ = lay.shard_groups()
 
     def shard(x_d, x_e, on):
         return x_d / (n_dense if on else 1) + x_e / (n_exp if on else 1)

@@ -496,9 +496,10 @@ def _hidden(comm_t: float, compute_t: float, ov: float, share: float) -> float:
 
 def _dp_times(model, hw, lay, k: _Kern, fit: TrainingFit, st: dict, chunks, m: int) -> float:
     """Exposed data-parallel time per step of one rank under the overlap rule in the module docstring."""
-    n_dense = lay.dp * lay.cp
-    n_exp = max(1, n_dense // lay.ep)
-    if n_dense <= 1 and n_exp <= 1:
+    n_dense, r_dense, n_exp, r_exp = lay.shard_groups()
+    if lay.zero == 0:
+        n_dense, r_dense, n_exp, r_exp = lay.dp * lay.cp, 1, max(1, lay.dp * lay.cp // lay.ep), 1
+    if n_dense * r_dense <= 1 and n_exp * r_exp <= 1:
         return 0.0
     dense, expert, _, _ = stage_params(model, lay, chunks)
     pd_, pe = dense / lay.tp, expert / (lay.tp * lay.ep)
@@ -508,6 +509,12 @@ def _dp_times(model, hw, lay, k: _Kern, fit: TrainingFit, st: dict, chunks, m: i
     ov = fit.overlap if lay.dp_overlap else 0.0
     share = min(1.0, COMM_SMS / max(1, hw.sm_count))
     layers = max(1, st["layers"])
+    hide_b = st["compute_b"] + st["tp"] / 2.0
+    # hybrid sharding: the replicas all-reduce their shard of the gradients once per step, behind the
+    # last backward like the gradient reduction
+    rep = (comm.allreduce(hw, pd_ * gb / n_dense, r_dense, stride_d * n_dense)
+           + comm.allreduce(hw, pe * gb / n_exp, r_exp, stride_e * n_exp))
+    rep_exposed = max(rep / layers, _hidden(rep, hide_b, ov, share)) if rep > 0 else 0.0
     if lay.zero >= 3:
         hier = k.fw.hierarchical
         pb = 1.0 if lay.fp8_all_gather else lay.fsdp_param_bytes
@@ -520,7 +527,7 @@ def _dp_times(model, hw, lay, k: _Kern, fit: TrainingFit, st: dict, chunks, m: i
         ag_b = 0.0 if lay.reshard_after_forward == "never" else ag_l
         fwd = _hidden(ag_l, st["layer_f"], ov, share)
         bwd = _hidden(ag_b + rs_l, st["layer_b"], ov, share)
-        return m * (layers * (fwd + bwd) + ag_l)
+        return m * (layers * (fwd + bwd) + ag_l) + rep_exposed
     if lay.zero == 0:
         grad = comm.allreduce(hw, pd_ * gb, n_dense, stride_d) + comm.allreduce(hw, pe * gb, n_exp, stride_e)
         par = 0.0
@@ -529,19 +536,17 @@ def _dp_times(model, hw, lay, k: _Kern, fit: TrainingFit, st: dict, chunks, m: i
                 + comm.reduce_scatter(hw, pe * gb, n_exp, stride_e))
         par = (comm.reduce_scatter(hw, pd_ * BYTES_16, n_dense, stride_d)
                + comm.reduce_scatter(hw, pe * BYTES_16, n_exp, stride_e))
-    hide_b = st["compute_b"] + st["tp"] / 2.0
     hide_f = st["compute_f"] + st["tp"] / 2.0
     exposed = max(grad / layers, _hidden(grad, hide_b, ov, share))
     if par > 0:
         exposed += max(par / layers, _hidden(par, hide_f, ov, share))
-    return exposed
+    return exposed + rep_exposed
 
 
 def _optimizer_time(model, hw, lay, k: _Kern, chunks) -> float:
     dense, expert, _, _ = stage_params(model, lay, chunks)
     pd_, pe = dense / lay.tp, expert / (lay.tp * lay.ep)
-    n_dense = lay.dp * lay.cp
-    n_exp = max(1, n_dense // lay.ep)
+    n_dense, _, n_exp, _ = lay.shard_groups()
     if lay.zero >= 1:
         p = pd_ / n_dense + pe / n_exp
     else:
@@ -605,7 +610,7 @@ def _memory_error(model, hw, lay, mem) -> InfeasibleError:
             "logits": "use a smaller --micro-batch or more --tp",
             "gathered_params": "use a smaller --fsdp-prefetch or more --tp",
             "recompute_buffer": "use a smaller --micro-batch or more --tp/--cp"}.get(
-        big, "use a higher --zero, or more --tp/--pp/--ep")
+        big, "use a higher --zero" + (", a larger --dp-shard" if lay.dp_shard else "") + ", or more --tp/--pp/--ep")
     rc = lay.recompute + (f" {lay.recompute_layers} layers/chunk" if lay.recompute_layers else "") + (
         f" ({','.join(lay.modules)})" if lay.modules else "")
     shown = [f"{big} {mem[big] / GiB:.1f} GiB"]

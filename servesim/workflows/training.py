@@ -15,7 +15,7 @@ LAYOUT_DEFAULTS = dict(
     last_stage_layers=None, account_for_embedding=False, account_for_loss=False, pipeline_layout=None, sp=None,
     tp_overlap=None, zero=None, dp_overlap=None, fsdp_prefetch=None, fsdp_param_bytes=None, recompute=None,
     recompute_layers=None, recompute_modules=None, selective_ac=None, remat_policy=None, reshard_after_forward=None,
-    fp8_all_gather=None, ep_overlap=False, offload_activations=None, dtype="bf16", fp8_recipe=None, attention=None, dropout=False,
+    fp8_all_gather=None, ep_overlap=False, dp_shard=None, offload_activations=None, dtype="bf16", fp8_recipe=None, attention=None, dropout=False,
     seq_len=4096, micro_batch=1, global_batch=256)
 _CHOICES = {"cp_comm": CP_COMM, "recompute": ("none", "selective", "full", "auto"), "dtype": ("bf16", "fp8"),
             "fp8_recipe": FP8_RECIPES, "attention": ("flash", "fa2", "unfused"), "fsdp_param_bytes": ("2", "4"),
@@ -56,6 +56,7 @@ def _check_layout_options(kw: dict) -> dict:
     for name in ("tp", "pp", "cp", "ep", "vp", "seq_len", "micro_batch", "global_batch"):
         check_int(kw[name], _option(name))
     check_int(kw["dp"], "--dp", none_ok=True, hint=" (omit it for GPUs / (tp x pp x cp))")
+    check_int(kw["dp_shard"], "--dp-shard", none_ok=True, hint=" (omit it to shard over every data-parallel rank)")
     check_int(kw["zero"], "--zero", ge=0, le=3, none_ok=True, hint=" (ZeRO stage 0-3; omit it for the framework's)")
     if kw["fsdp_param_bytes"] is not None:
         kw["fsdp_param_bytes"] = str(kw["fsdp_param_bytes"])
@@ -109,7 +110,7 @@ def base_layout(kw: dict, dp: int = 1):
                        fsdp_param_bytes=int(kw["fsdp_param_bytes"]) if kw["fsdp_param_bytes"] else None,
                        selective_ac=kw["selective_ac"], remat_policy=kw["remat_policy"],
                        reshard_after_forward=kw["reshard_after_forward"], fp8_all_gather=kw["fp8_all_gather"],
-                       ep_overlap=kw["ep_overlap"])
+                       ep_overlap=kw["ep_overlap"], dp_shard=kw["dp_shard"])
 
 
 @dataclass(frozen=True)
