@@ -252,3 +252,14 @@ def test_hybrid_sharding_dp_shard(h100):
     assert "--dp-shard 7 must divide dp*cp = 64" in str(e.value)
     with pytest.raises(ConfigError):
         train_step(m, h100, dataclasses.replace(lay, zero=0))
+
+
+def test_torchao_tensorwise_is_dynamic_per_tensor_scaling(h100, l8b):
+    """torchao's tensorwise recipe is per-tensor dynamic scaling: priced as Transformer Engine's
+    current scaling (an amax read per cast), dearer than delayed scaling's history."""
+    lay = TrainLayout(dp=8, seq_len=4096, global_batch=16, dtype="fp8", framework="torchtitan", recompute="none")
+    tw = train_step(l8b, h100, dataclasses.replace(lay, fp8_recipe="tensorwise"))
+    cur = train_step(l8b, h100, dataclasses.replace(lay, fp8_recipe="current"))
+    dl = train_step(l8b, h100, dataclasses.replace(lay, fp8_recipe="delayed"))
+    assert tw.step_time_s == pytest.approx(cur.step_time_s)
+    assert tw.step_time_s > dl.step_time_s

@@ -194,7 +194,9 @@ class _Kern:
         current scaling)."""
         if not self.fp8 or elements <= 0:
             return 0.0
-        per = BYTES_16 + 2.0 * self.g + (BYTES_16 if self.lay.fp8_recipe == "current" else 0.0)
+        # dynamic scaling (TE current, torchao tensorwise / rowwise) reads each tensor once more for its amax
+        dynamic = self.lay.fp8_recipe in ("current", "tensorwise", "rowwise")
+        per = BYTES_16 + 2.0 * self.g + (BYTES_16 if dynamic else 0.0)
         return self.elementwise(per * elements, kernels)
 
 
