@@ -13,18 +13,23 @@ Per layer and micro-batch on one GPU (T = micro_batch x seq_len / CP tokens):
   the backward casts every output gradient likewise; the weights are cast once per step with a
   weight cache, else once per micro-batch; ``current`` scaling reads each tensor once more for its
   amax; two small scale/amax kernels per fp8 GEMM and pass.
-- Attention core: causal FLOPs at ``attn`` of the bf16 peak, times n / (n + 1) for n = s / 128
-  key blocks (the diagonal blocks are computed whole; FlashAttention-2's 128-row tiles, Dao 2023);
-  backward 2.5 x forward (FlashAttention-2 runs 5 matmuls to the forward's 2). ``attn`` is the
-  hardware profile's ``attn_prefill_max`` for the fused (FlashAttention-3 / cuDNN class) kernel,
-  ``fa2_attention_max`` of the architecture for FlashAttention-2. ``unfused`` (Megatron-LM before
+- Attention core: causal FLOPs at the architecture's measured curve e(s) = attn_max s / (s +
+  attn_half_seq) of the bf16 peak (``data/architectures.toml``, fitted on measured FlashAttention-
+  class kernels by experiments/fit_training_kernels.py), s the keys of one kernel call (the
+  sequence; s / CP per ring step), ``fa2_attention_max`` in place of attn_max for FlashAttention-2,
+  times a fitted factor for a framework whose kernel has no measurement (``TrainingFit.attn_scale``);
+  an architecture without a curve: the profile's ``attn_prefill_max`` times n / (n + 1) for n = s /
+  128 key blocks. Backward 2.5 x forward (FlashAttention-2 runs 5 matmuls to the forward's 2) at the
+  forward's efficiency (an assumption: no backward measurement). ``unfused`` (Megatron-LM before
   FlashAttention): QK^T and AV as batched GEMMs over the whole s x s score matrix, plus the softmax
   (read and write 2 B per score; with dropout, its mask and output, 5 B more) in HBM; backward 2x.
 - Elementwise (norms, residuals, activation, dropout): memory-bound passes over the activations,
   16 passes of T h (T h / TP with SP) plus 3 of T x FFN / TP, forward; 2 x backward.
 - Recompute adds forward work before the backward (Korthikanti et al. 2022): ``selective`` the
-  recomputed modules (``core_attn``: the attention core), ``full`` the whole layer forward including
-  its TP collectives, for every layer or the ``--recompute-layers`` N of each chunk.
+  recomputed modules (``core_attn``: the attention core; MaxText's remat policies map to modules),
+  ``full`` the whole layer forward including its TP collectives, for every layer or the
+  ``--recompute-layers`` N of each chunk; torchtitan's per-op checkpointing the elementwise kernels,
+  every second matmul and the SP all-gathers (``_op_sac_time``), its per-layer one every N-th layer.
 - Offloaded activations (``--offload-activations N``): each of N layers per chunk copies its saved
   tensors to the host over PCIe (NVLink-C2C on GB200) behind its own forward and back behind its
   own backward; what the copy exceeds the layer's compute by is exposed.
@@ -39,8 +44,11 @@ Per layer and micro-batch on one GPU (T = micro_batch x seq_len / CP tokens):
   CP all-to-all (``--cp-comm a2a``; DeepSpeed-Ulysses, Jacobs et al. 2023): Q, K, V are re-split
   from sequence to heads before attention and O back after it, each an all-to-all over the CP
   group on the critical path; the backward moves the same volume.
+- CP all-gather (``--cp-comm allgather``; Llama 3 report sec. 3.3.2): the whole sequence's K, V
+  gathered before attention, dK, dV reduce-scattered after it, on the critical path.
 - EP: dispatch and combine all-to-alls per MoE layer forward, two more backward (Lepikhin et al.
-  2020), each rank sending its T x top_k token rows.
+  2020), each rank sending its T x top_k token rows; with ``--ep-overlap`` beside another
+  micro-batch's compute, exposed beyond it.
 
 Per step: each pipeline rank's time t_r is the forward + backward of one micro-batch over its model
 chunks (``pipeline.pipeline_chunks``: even, uneven or account-for splits); the slowest rank sets the
@@ -59,7 +67,9 @@ framework's ``grad_bytes`` (fp32 for Megatron's bf16 training). ZeRO-3 / FSDP ga
 layer's weights in every micro-batch's forward and backward and reduce-scatters its gradients,
 prefetched one layer ahead: per layer exposed = max(0, comm - overlap x that layer's compute), over
 NCCL's hierarchy (the framework's ``hierarchical``) or a flat ring at each rank's own NIC
-(DeepSpeed ZeRO-3). Optimiser: Adam, memory-bound over the local shard, 28 B/param (read grad 2 +
+(DeepSpeed ZeRO-3); in fp8 with ``fp8_all_gather``; without the backward gather when the
+parameters are not resharded after the forward. Hybrid sharding (``--dp-shard``) runs these inside
+the shard group and adds one all-reduce of the gradient shard across the replicas per step. Optimiser: Adam, memory-bound over the local shard, 28 B/param (read grad 2 +
 master/m/v 12, write master/m/v 12 + 16-bit weight 2).
 """
 from __future__ import annotations
