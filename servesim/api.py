@@ -366,6 +366,8 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         config["daily"] = daily_window(reqs.arrival, rate, window_s=window)
     summary["model_error"] = _model_error(cfg, model, hw, rc, engine_profile, summary)
     summary = _clean({"config": config, **summary, **pools_part})
+    from . import progress
+    progress.tick()      # one simulation finished (a progress bar listening, servesim/progress.py)
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
     return Result(config, summary, df, iters, out.gap_hist)

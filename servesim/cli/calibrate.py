@@ -171,8 +171,10 @@ def validate(suite, user_csv, quick, check, outdir, fmt):
     from ..calibrate.validate import run_suites, summarize, write_outputs
     from ..outputs import output_dir
     from ..workflows.calibration import validate_result
+    from ..progress import Bar
     with output_dir(outdir, "-o", "servesim validate") as od:
-        results = run_suites(suite, user_csv, quick=quick)
+        with Bar("validate"):
+            results = run_suites(suite, user_csv, quick=quick)
         if od is not None:
             od.write(lambda d: write_outputs(results, d))
     checked = validate_result(results)

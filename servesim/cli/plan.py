@@ -2,10 +2,9 @@
 (capacity: the functions behind `servesim.sweep` and `find_max_rate`; planner: `servesim.plan`)."""
 from __future__ import annotations
 
-import sys
-
 import click
 
+from ..progress import Bar
 from .options import simulate_options as _simulate_options
 
 
@@ -34,24 +33,6 @@ def _backend_options(f):
 def _base_config(kw):
     from .options import sim_config
     return sim_config(kw)
-
-
-class _Progress:
-    """click's progress bar on a terminal (stderr), nothing otherwise."""
-
-    def __init__(self, length: int, label: str):
-        self.bar = None
-        if sys.stderr.isatty() and length > 1:
-            self.bar = click.progressbar(length=length, label=label, file=sys.stderr)
-            self.bar.__enter__()
-
-    def __call__(self, n: int = 1):
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
 
 
 SWEEP_COLUMNS = [("rate", "rate", "{:.3g}"), ("status", "status", "{}"), ("ttft_ms_p99", "TTFT p99", "{:.1f}"),
@@ -117,7 +98,7 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
                          margin=margin, prices=prices, workers=workers)
     stem = "max_rate" if find_max_rate else "sweep"
     with output_dir(outdir, "-o", "servesim sweep") as out:
-        bar = _Progress(spec.num_points, "max-rate search" if find_max_rate else "sweep")
+        bar = Bar("max-rate search" if find_max_rate else "sweep", spec.num_points, "points")
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             runner = be
             if out is not None:   # save each point as it finishes; a rerun skips the saved ones
@@ -125,10 +106,8 @@ def sweep(rates, grid, find_max_rate, tolerance, margin, dask_scheduler, dask_ti
                 out.begin_progress(lambda: (runner.describe()[0], [
                     f"{stem}.csv / {stem}.parquet and the figures (any present are from an earlier run)"]),
                     hint="Rerun the same command to resume: the saved points are not computed again.")
-            try:
-                res = execute_sweep(spec, runner, progress=bar)
-            finally:
-                bar.close()
+            with bar:
+                res = execute_sweep(spec, runner, progress=bar.task)
         df, keys = res.points, list(res.grid)
         written = []
         if out is not None:
@@ -229,11 +208,8 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
                         require_measured=require_measured)
     with output_dir(outdir, "-o", "servesim plan") as od:
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
-            bar = _Progress(2, "plan")
-            try:
+            with Bar("plan --disaggregated" if disaggregated else "plan"):
                 res = execute_plan(spec, be)
-            finally:
-                bar.close()
         if od is not None:
             od.write(lambda d: (d / "plan.json").write_text(res.to_json() + "\n"))
             od.write(lambda d: write_table(res.candidates, d, "candidates"))

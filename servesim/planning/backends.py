@@ -56,20 +56,34 @@ class LocalBackend(Backend):
         items = list(items)
         if self.workers <= 1 or len(items) <= 1:
             return super().map(fn, items, progress, on_result)
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        import multiprocessing
         if self._pool is None:
+            self._sims = multiprocessing.Value("q", 0)      # simulations the workers finished (servesim.progress)
             self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_worker_init,
-                                             initargs=(os.getpid(),))
+                                             initargs=(os.getpid(), self._sims))
         futures = {self._pool.submit(fn, x): i for i, x in enumerate(items)}
         out = [None] * len(items)
-        for fut in as_completed(futures):
-            i = futures[fut]
-            out[i] = fut.result()
-            if on_result:
-                on_result(i, out[i])
-            if progress:
-                progress(1)
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            self._forward()
+            for fut in done:
+                i = futures[fut]
+                out[i] = fut.result()
+                if on_result:
+                    on_result(i, out[i])
+                if progress:
+                    progress(1)
         return out
+
+    def _forward(self) -> None:
+        """Hand the simulations the workers finished since the last call to this process's listener."""
+        from .. import progress as P
+        with self._sims.get_lock():
+            n, self._sims.value = self._sims.value, 0
+        if n:
+            P.tick(n)
 
     def abort(self):
         """Kill the workers (SIGTERM, then SIGKILL): none outlives the caller or holds its pipes."""
@@ -200,6 +214,8 @@ class DaskBackend(Backend):
                     on_result(i, out[i])
                 if progress:
                     progress(1)
+                from .. import progress as P
+                P.tick(1)     # a cluster's workers count nothing here: a finished task counts as one simulation
             if progressed:
                 stalled = None
                 continue
@@ -222,13 +238,16 @@ class DaskBackend(Backend):
                 self._quiet(False)
 
 
-def _worker_init(parent: int) -> None:
+def _worker_init(parent: int, sims=None) -> None:
     """In each pool worker: die with the parent (Linux: PR_SET_PDEATHSIG), leave SIGINT to the parent
-    (a Ctrl-C reaches the whole process group; the parent stops the workers), default SIGTERM, and
-    no repeated one-line warnings (the parent checked the points)."""
+    (a Ctrl-C reaches the whole process group; the parent stops the workers), default SIGTERM, no
+    repeated one-line warnings (the parent checked the points), and count finished simulations in
+    ``sims``, which the parent reads for its progress bar."""
     import signal
     import warnings
+    from .. import progress as P
     from ..errors import ServesimWarning
+    P.share(sims)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     warnings.simplefilter("ignore", ServesimWarning)
