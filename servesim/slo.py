@@ -7,6 +7,7 @@ each target is <metric>_<stat> = a duration > 0 (seconds inside). Everything aft
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -54,6 +55,9 @@ def parse_slo(value, option: str = "--slo") -> Slo | None:
         if key in targets:
             raise ConfigError(f"{option}: target {key} given twice in {text!r}; give each target once")
         seconds = parse_duration(dur, option)
+        if re.fullmatch(r"\s*[0-9.eE+-]+\s*", dur):      # a bare number: ms or s? never guessed
+            raise ConfigError(f"{option}: target {key}={dur} has no unit; write {key}={dur}ms or {key}={dur}s "
+                              f"(us, ms, s, min, h), e.g. {EXAMPLE}")
         if not (math.isfinite(seconds) and seconds > 0):
             raise ConfigError(f"{option}: target {key} must be a duration > 0, got {seconds:g} s; "
                               "write e.g. ttft_p99=500ms")

@@ -579,6 +579,10 @@ FIGURES = [
         lambda: (float(md_row(KERN, gpu="h100-sxm", engine="vllm", min="0.")["min"]), float(md_row(KERN, gpu="h100-sxm", engine="vllm", min="0.")["max"]),
                  found(r"carry ([\d.]+)x the best bf16 rate", results_text(DESIGN))[0])),
     Fig(REPORT, r"# requests\s+per simulation, 15e12", lambda: code("servesim.report.build", "ReportSpec")().num_requests, EXACT),
+    Fig(TRAIN, r"keeps each layout within #% of device memory",
+        lambda: 100 * code("servesim.training.search", "SEARCH_MEMORY_FRACTION"), EXACT),
+    Fig(TRAIN, r"a # GiB runtime\s+reserve", lambda: code("servesim.training.memory", "RUNTIME_RESERVE_BYTES") / 2**30,
+        EXACT),
     # Calibrating your own hardware: calibrate's thresholds, the validate suites
     Fig(CALIB, r"changes the predictions by < #%", lambda: 100 * code("servesim.calibrate.fit", "UNIDENTIFIED"), EXACT),
     Fig(CALIB, r"faster than #x the datasheet peak", lambda: code("servesim.calibrate.fit", "PLAUSIBLE_OVER_PEAK"), EXACT),

@@ -174,14 +174,38 @@ def summarize(res: SuiteResult) -> dict:
     return out
 
 
-def parity_figure(results: list[SuiteResult], path) -> None:
-    """Predicted vs measured, log-log, one panel per suite, one colour per GPU."""
-    from ..figures import pyplot, save
-    plt, _ = pyplot()
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.6), squeeze=False)
-    for ax, res in zip(axes[0], results):
+def unit_of(metric: str) -> str:
+    """The unit of a validation metric: latencies in ms, request rates in req/s, token rates in tok/s."""
+    m = metric.split(" ")[0]
+    if "request_throughput" in m or m.endswith("requests_per_s"):
+        return "req/s"
+    if "tokens_per_s" in m:
+        return "tok/s"
+    if m.split("_")[0] in ("ttft", "tpot", "itl", "e2e", "queue") or "_ms" in m:
+        return "ms"
+    return m
+
+
+def parity_panels(results: list[SuiteResult]) -> list[tuple[SuiteResult, str, pd.DataFrame]]:
+    """(suite, unit, rows) of each panel of the parity figure: one per suite and unit, so that no axis
+    mixes milliseconds with tokens or requests per second."""
+    out = []
+    for res in results:
         r = res.rows.dropna(subset=["predicted"])
         r = r[(r["measured"] > 0) & (r["predicted"] > 0)]
+        units = r["metric"].astype(str).map(unit_of)
+        for unit in sorted(set(units)):
+            out.append((res, unit, r[units == unit]))
+    return out
+
+
+def parity_figure(results: list[SuiteResult], path) -> None:
+    """Predicted vs measured, log-log, one panel per suite and unit, one colour per GPU."""
+    from ..figures import pyplot, save
+    plt, _ = pyplot()
+    panels = parity_panels(results) or [(res, "", res.rows.iloc[:0]) for res in results]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
+    for ax, (res, unit, r) in zip(axes[0], panels):
         for i, (gpu, part) in enumerate(r.groupby("gpu")):
             ax.scatter(part["measured"], part["predicted"], s=12, alpha=0.7, color=f"C{i}", label=gpu)
         if len(r):
@@ -194,10 +218,11 @@ def parity_figure(results: list[SuiteResult], path) -> None:
             ax.plot(x, x * (1 - tol), "k:", lw=0.6)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("measured")
-        ax.set_ylabel("predicted")
-        ax.set_title(f"{res.name} (dotted: +/-{100 * res.tolerance:.0f}%)")
-        ax.legend(fontsize=8)
+        ax.set_xlabel(f"measured ({unit})" if unit else "measured")
+        ax.set_ylabel(f"predicted ({unit})" if unit else "predicted")
+        ax.set_title(f"{res.name}, {unit} (dotted: +/-{100 * res.tolerance:.0f}%)" if unit else res.name)
+        if len(r):
+            ax.legend(fontsize=8)
     fig.text(0.01, 0.01, "source: servesim validate; servesim/calibrate/data (published measurements)", fontsize=7)
     save(fig, path, dpi=120)
 

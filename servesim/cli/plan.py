@@ -214,7 +214,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
             od.write(lambda d: (d / "plan.json").write_text(res.to_json() + "\n"))
             od.write(lambda d: write_table(res.candidates, d, "candidates"))
             try:
-                od.write(lambda d: figures.pareto_figure(res.candidates, d))
+                od.write(lambda d: figures.pareto_figure(res.candidates, d, slo=spec.base.slo, best=res.best))
             except Exception as e:  # a figure must never lose the plan
                 click.echo(f"servesim: warning: figure skipped ({e})", err=True)
     if fmt == "json":
@@ -231,6 +231,26 @@ def _margin_text(b: dict) -> str:
         return f"margin {100 * b['margin']:.0f}%"
     return (f"margin {100 * b['margin']:.1f}%: SLO margin {100 * b['slo_margin']:.0f}% with the simulated values "
             f"raised {100 * b['model_margin']:.1f}% for model error, {b['model_margin_source']}")
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" + ("" if n == 1 else "s")
+
+
+def _checks_text(ch: dict) -> str:
+    """The honesty checks of the answer, as findings: another seed meets every SLO; one replica fewer
+    (of each role) misses the planner's criterion."""
+    other = ch["other_seed"]
+    parts = [f"seed {other['seed']} " + ("meets every SLO" if other["meets_slo"] else "MISSES the SLO")
+             + (f" ({_replicas(other['replicas_added'])} added for it)" if other.get("replicas_added") else "")]
+    for key, what in (("one_replica_fewer", ""), ("one_prefill_replica_fewer", " prefill"),
+                      ("one_decode_replica_fewer", " decode")):
+        if key in ch:
+            fewer = ch[key]
+            r = fewer.get("replicas")
+            n = f" ({r[0]}:{r[1]} prefill:decode)" if isinstance(r, list) else f" ({_replicas(r)})" if r else ""
+            parts.append(f"one{what} replica fewer{n} " + ("MEETS it too" if fewer["meets_slo"] else "misses it"))
+    return "checks: " + "; ".join(parts)
 
 
 def _fit_text(b: dict) -> str:
@@ -250,13 +270,10 @@ def _plan_text(out, top) -> str:
                      f"({b['num_gpus']} GPUs), ${b['usd_per_hour']:.2f}/h, "
                      f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
-                     f"SLO headroom {100 * b['headroom']:.0f}% ({_margin_text(b)})")
+                     f"SLO slack {100 * b['headroom']:.0f}% ({_margin_text(b)})")
         lines.append("      " + capacity_sentence(b))
         lines.append("      " + _fit_text(b))
-        ch = b["checks"]
-        lines.append(f"      checks: seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"
-                     + (f"; {ch['one_replica_fewer']['replicas']} replicas meets: {ch['one_replica_fewer']['meets_slo']}"
-                        if "one_replica_fewer" in ch else ""))
+        lines.append("      " + _checks_text(b["checks"]))
         if "daily" in b:
             d = b["daily"]
             lines.append(f"      daily: {d['gpu_hours_per_day']:.0f} GPU-h/day (${d['usd_per_day']:.0f}) following the curve "
@@ -293,7 +310,7 @@ def _pd_text(out, top) -> str:
                      f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
                      f"KV transfer p50 {xfer.get('p50', float('nan')):.2f} ms, SLO attainment "
-                     f"{100 * b['slo_attainment']:.1f}%, SLO headroom {100 * b['headroom']:.0f}% "
+                     f"{100 * b['slo_attainment']:.1f}%, SLO slack {100 * b['headroom']:.0f}% "
                      f"({_margin_text(b)})")
         cp, cd = b["prefill"]["capacity_bound"], b["decode"]["capacity_bound"]
         lines.append(f"      capacity bounds: prefill {cp['tokens_per_s']:.0f} prompt tokens/s per replica -> >= "
@@ -301,12 +318,7 @@ def _pd_text(out, top) -> str:
                      f"{cd['batch_bound']} ({cd['batch_limited_by']}-bound) -> >= {cd['replicas_bound']}")
         lines.append("      " + capacity_sentence(b))
         lines.append("      " + _fit_text(b))
-        ch = b["checks"]
-        parts = [f"seed {ch['other_seed']['seed']} meets SLO: {ch['other_seed']['meets_slo']}"]
-        for key, role in (("one_prefill_replica_fewer", "prefill"), ("one_decode_replica_fewer", "decode")):
-            if key in ch:
-                parts.append(f"one {role} replica fewer meets: {ch[key]['meets_slo']}")
-        lines.append("      checks: " + "; ".join(parts))
+        lines.append("      " + _checks_text(b["checks"]))
     else:
         lines.append(f"no plan: {out['why_not']}")
     lines.append(f"searched {out['search_space']} P:D candidates with {out['simulations']} simulations")

@@ -9,6 +9,13 @@ from ..training.layout import CP_COMM
 from .options import SLO
 
 
+def _offload_text(n: int) -> str:
+    """' offload=all layers' for --offload-activations all (stored as 2**30), ' offload=N layers/chunk'."""
+    if not n:
+        return ""
+    return " offload=all layers" if n >= 1 << 30 else f" offload={n} layers/chunk"
+
+
 def _train_options(f):
     opts = [
         click.option("--model", default="llama-3.1-8b", show_default=True, help="Model name or path."),
@@ -146,7 +153,7 @@ def _render_result(d: dict) -> str:
         f"vp={lay['vp']}{stages} sp={'on' if lay['sp'] else 'off'}"
         f"{' tp-overlap' if lay['tp_overlap'] else ''} zero={lay['zero']} recompute={rc} dtype={lay['dtype']}"
         f"{' (' + lay['fp8_recipe'] + ')' if lay['dtype'] == 'fp8' else ''} attention={lay['attention']}"
-        f"{' offload=' + str(min(lay['offload_layers'], 10**6)) + ' layers/chunk' if lay['offload_layers'] else ''}",
+        f"{_offload_text(lay['offload_layers'])}",
         f"seq {lay['seq_len']}, micro-batch {lay['micro_batch']}, global batch {lay['global_batch']} "
         f"({d['global_batch_microbatches']} micro-batches per DP rank)",
         "",
@@ -158,7 +165,7 @@ def _render_result(d: dict) -> str:
     if d.get("mfu_fp8_peak") is not None:
         lines.append(f"MFU (fp8 peak)       {d['mfu_fp8_peak'] * 100:.1f}%   (the same FLOPs / fp8 dense peak)")
     lines += [
-        f"HFU                  {d['hfu'] * 100:.1f}%   (MFU FLOPs + recomputed FLOPs, / bf16 peak)",
+        f"HFU                  {d['hfu'] * 100:.1f}%   (FLOPs executed: causal attention halved, + recomputed, / bf16 peak)",
         f"pipeline bubble      {d['bubble_fraction'] * 100:.1f}% of pipeline time",
         f"bottleneck           {d['bottleneck']}",
     ]
@@ -199,8 +206,8 @@ def train(search, top, scaling, fmt, outdir, **kw):
 
     MFU counts 6N FLOPs per token (N = active parameters in matmuls, LM head included, input
     embedding excluded) plus 12 L s d_attn for attention (non-causal), without recomputation,
-    against the bf16 dense peak (fp8 runs also print it against the fp8 peak); HFU adds recomputed
-    FLOPs. --framework sets how the run is executed (attention kernel, gradient precision, DP
+    against the bf16 dense peak (fp8 runs also print it against the fp8 peak); HFU counts the FLOPs
+    executed (causal attention halved) plus the recomputed ones. --framework sets how the run is executed (attention kernel, gradient precision, DP
     overlap, ZeRO-3 gathers, fp8 recipe): servesim/training/data/frameworks.
 
     \b
@@ -235,7 +242,9 @@ def train(search, top, scaling, fmt, outdir, **kw):
     else:
         click.echo(_render_result(res.summary))
         if res.mode == "search":
-            click.echo("\nfastest layouts that fit:")
+            from ..training.search import SEARCH_MEMORY_FRACTION
+            click.echo(f"\nfastest layouts that fit in {100 * SEARCH_MEMORY_FRACTION:.0f}% of device memory "
+                       "(a margin for the memory model's error and the allocator's peaks):")
             click.echo(res.table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 

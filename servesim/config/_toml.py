@@ -22,6 +22,19 @@ _REPO = Path(__file__).resolve().parent.parent.parent
 MAX_MAGNITUDE = 1e18   # a number in a data file, in its key's unit (GB, TFLOPS, us, ...)
 
 
+def did_you_mean(name: str, choices) -> str:
+    """"did you mean 'h100-sxm' or 'h100-pcie'? " for a name close to some of ``choices`` (those it
+    begins, then difflib's close matches), else ""."""
+    choices = list(choices)
+    low = name.lower()
+    close = sorted((c for c in choices if low and c.lower().startswith(low)),
+                   key=lambda c: -difflib.SequenceMatcher(None, low, c.lower()).ratio())
+    close += [c for c in difflib.get_close_matches(name, choices, n=3, cutoff=0.6) if c not in close]
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(repr(c) for c in close[:3]) + "? "
+
+
 def display_path(path: Path) -> str:
     """The path as shown in messages: relative to the repository when inside it."""
     path = Path(path)

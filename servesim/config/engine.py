@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servesim.config._toml import Table, display_path, read_named
+from servesim.config._toml import Table, did_you_mean, display_path, read_named
 from servesim.errors import ConfigError
 from servesim.paths import engines_dir
 
@@ -304,8 +304,8 @@ def load_engine(name_or_path: str) -> EngineProfile:
         return _load_file(path.resolve())
     path = engines_dir() / f"{text}.toml"
     if not path.is_file():
-        raise ConfigError(f"--engine: unknown engine {text!r}; use one of {', '.join(list_engines())} "
-                          "or a path to an engine profile .toml")
+        raise ConfigError(f"--engine: unknown engine {text!r}; {did_you_mean(text, list_engines())}use one of "
+                          f"{', '.join(list_engines())} or a path to an engine profile .toml")
     return _load_file(path.resolve())
 
 

@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesim.config._toml import Table, read_toml
+from servesim.config._toml import Table, did_you_mean, read_toml
 from servesim.errors import ConfigError
 from servesim.paths import hardware_dir
 
@@ -186,7 +186,8 @@ def _resolve(name_or_path: str) -> Path:
         return path.resolve()
     path = hardware_dir() / f"{name_or_path}.toml"
     if not path.is_file():
-        raise ConfigError(f"unknown hardware '{name_or_path}'; available: {', '.join(list_hardware())}")
+        raise ConfigError(f"unknown hardware '{name_or_path}'; {did_you_mean(name_or_path, list_hardware())}"
+                          f"available: {', '.join(list_hardware())}")
     return path.resolve()
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servesim.config._toml import Table, display_path, read_json, read_toml
+from servesim.config._toml import Table, did_you_mean, display_path, read_json, read_toml
 from servesim.errors import ConfigError
 from servesim.paths import models_dir
 
@@ -298,7 +298,8 @@ def load_model(name_or_path: str) -> ModelConfig:
     shipped_hf = hf_models_dir() / f"{text}.json"
     if shipped_hf.is_file():
         return _load_hf(shipped_hf.resolve())
-    raise ConfigError(f"unknown model '{text}'; available: {', '.join(list_models())}; "
+    raise ConfigError(f"unknown model '{text}'; {did_you_mean(text, list_models() + list_hf_models())}"
+                      f"available: {', '.join(list_models())}; "
                       f"HF configs: {', '.join(list_hf_models())}; "
                       "or pass a path to a .toml or HF config.json")
 

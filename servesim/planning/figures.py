@@ -86,27 +86,62 @@ def max_rate_figure(df: pd.DataFrame, grid_keys, outdir) -> list[Path]:
     return [save(fig, Path(outdir) / "max_rate.png")]
 
 
-def pareto_figure(df: pd.DataFrame, outdir, latency: str = "ttft_ms_p99") -> list[Path]:
+def metric_label(column: str) -> str:
+    """'ttft_ms_p99' -> 'TTFT p99 (ms)'; other columns as they are."""
+    parts = column.split("_")
+    if len(parts) == 3 and parts[1] == "ms":
+        return f"{parts[0].upper()} {parts[2]} (ms)"
+    return column
+
+
+def pareto_figure(df: pd.DataFrame, outdir, latency: str = "ttft_ms_p99", slo=None, best: dict | None = None
+                  ) -> list[Path]:
+    """`pareto_axes` written to ``outdir/pareto.png``; [] when no candidate met the SLO."""
+    fig = pareto_axes(df, latency, slo, best)
+    return [] if fig is None else [save(fig, Path(outdir) / "pareto.png")]
+
+
+def pareto_axes(df: pd.DataFrame, latency: str = "ttft_ms_p99", slo=None, best: dict | None = None):
     """Left: $/hour vs p99 latency; right: $/M output tokens vs output tokens/s per GPU; the Pareto
-    front (no other candidate is both cheaper and better) drawn as a line."""
+    front (no other candidate is both cheaper and better) drawn as a line. Colour: hardware; marker:
+    weight dtype; size: replicas (whole numbers). ``slo`` ({target: seconds} or a `servesim.slo.Slo`)
+    draws the target of the latency plotted; ``best`` (the plan's answer) is marked with a star.
+    Returns the figure (None when no candidate met the SLO)."""
     ok = df[df.status == "meets_slo"].copy() if "status" in df.columns else df.copy()
     ok = ok[ok[latency].notna()] if latency in ok.columns else ok.iloc[:0]
     if ok.empty:
-        return []
+        return None
     plt, sns = pyplot()
-    ok["layout"] = ok.hardware + " " + ok.dtype + " TP" + ok.tp.astype(str) + " PP" + ok.pp.astype(str)
+    ok["replicas"] = ok.replicas.astype(int)
+    ok["dtype"] = ok.dtype.astype(str)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    sns.scatterplot(data=ok, x=latency, y="usd_per_hour", hue="hardware", size="replicas", ax=axes[0])
+    sns.scatterplot(data=ok, x=latency, y="usd_per_hour", hue="hardware", style="dtype", size="replicas",
+                    legend="full", ax=axes[0])
     front = pareto_front(ok, "usd_per_hour", latency)
     axes[0].plot(front[latency], front.usd_per_hour, color="black", lw=1, label="Pareto front")
-    axes[0].set(xlabel=latency.replace("_ms_", " ms ").upper(), ylabel="$ / hour")
+    target = dict(slo.items() if hasattr(slo, "items") else ()).get(latency.replace("_ms_", "_"))
+    if target is not None:
+        axes[0].axvline(target * 1e3, color="red", ls="--", lw=1, label=f"SLO: {metric_label(latency).replace(' (ms)', '')} <= {target * 1e3:g} ms")
+    axes[0].set(xlabel=metric_label(latency), ylabel="$ / hour")
     sns.scatterplot(data=ok, x="output_tokens_per_s_per_gpu", y="usd_per_million_output_tokens", hue="hardware",
-                    ax=axes[1], legend=False)
+                    style="dtype", ax=axes[1], legend=False)
     ok["_neg"] = -ok.output_tokens_per_s_per_gpu
     front = pareto_front(ok, "usd_per_million_output_tokens", "_neg")
     axes[1].plot(front.output_tokens_per_s_per_gpu, front.usd_per_million_output_tokens, color="black", lw=1)
     axes[1].set(xlabel="output tokens/s per GPU", ylabel="$ per million output tokens")
-    return [save(fig, Path(outdir) / "pareto.png")]
+    if best:
+        lat = (best.get("metrics") or {}).get(latency.split("_ms_")[0] + "_ms", {}).get(latency.split("_ms_")[-1])
+        if lat is not None:
+            axes[0].scatter([lat], [best["usd_per_hour"]], marker="*", s=320, facecolor="none", edgecolor="black",
+                            lw=1.5, zorder=5, label="chosen")
+        row = ok[(ok.hardware == best.get("hardware")) & (ok.dtype == str(best.get("dtype")))
+                 & (ok.tp.astype(str) == str(best.get("tp"))) & (ok.replicas == best.get("replicas"))]
+        if len(row):
+            axes[1].scatter(row.output_tokens_per_s_per_gpu.iloc[:1], row.usd_per_million_output_tokens.iloc[:1],
+                            marker="*", s=320, facecolor="none", edgecolor="black", lw=1.5, zorder=5, label="chosen")
+            axes[1].legend(loc="best", fontsize=8)
+    axes[0].legend(loc="upper right", fontsize=7, framealpha=0.9)
+    return fig
 
 
 def pareto_front(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:

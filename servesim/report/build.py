@@ -377,7 +377,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                                            "replicas": "replicas", "num_gpus": "GPUs", "usd_per_hour": "$/h",
                                            "usd_per_million_output_tokens": "$/M output",
                                            "ttft_ms_p99": "TTFT p99 (ms)", "tpot_ms_p99": "TPOT p99 (ms)",
-                                           "headroom": "headroom"}) + "\n")
+                                           "headroom": "SLO slack"}) + "\n")
     rest = cand[cand.status != "meets_slo"] if "status" in cand.columns else cand.iloc[:0]
     if len(rest):
         md.append("Layouts that did not qualify:\n")
@@ -401,29 +401,43 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
                                     "serve_capacity_headroom": "capacity headroom",
                                     "break_even_output_tokens": "break-even output tokens"}) + "\n")
 
+    md += validation_md(status)
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def validation_md(status: list[dict]) -> list[str]:
+    """The report's validation section: one part per profile (`validation.profile_status`), each
+    calibrated profile's error table once, a borrowing profile pointing to it."""
+    md = []
     md.append("## Validation status of the profiles used\n")
     md.append("How far to trust the numbers above. A profile either carries its own fitted efficiencies "
               "or borrows them (`efficiency_from`) from the closest calibrated architecture, in which case "
               "its predictions are extrapolations (its own peaks, bandwidths and links, another chip's "
               "efficiencies). Errors are |predicted / measured - 1|, quoted from the calibration reports "
               "(regenerate them with the scripts in `experiments/`, see `experiments/README.md`).\n")
-    for s in status:
+    shown = set()     # each calibrated profile's error table once: a borrowing profile points to it
+    for s in sorted(status, key=lambda s: not s["own_fit"]):     # measured profiles first, then borrowers
         kind = "own fit" if s["own_fit"] else f"borrowed from {md_code(s['calibrated_on'])} (no measurements of " \
                                               f"{md_text(s['hardware'])} itself)"
         md.append(f"### {md_text(s['hardware'])}: {kind}\n")
         md.append(f"Fit source: {md_text(s['fit_source'])}\n")
         md.append(f"Engine {md_code(s['engine'])} on it: {md_text(s['engine_fit'])}. Its table's source: "
                   f"{md_text(s['engine_fit_source'])}\n")
-        if s["errors"]:
+        if s["errors"] and s["calibrated_on"] in shown and not s["own_fit"]:
+            md.append(f"Its errors are those of {md_code(s['calibrated_on'])}, above: {md_text(s['hardware'])} "
+                      "has no measurements of its own, and how far the borrowed efficiencies carry to it is "
+                      "not measured.\n")
+        elif s["errors"]:
+            shown.add(s["calibrated_on"])
             df = pd.DataFrame(s["errors"])
             md.append(f"Errors of {md_code(s['calibrated_on'])} (training rows are for all GPUs together):\n")
             md.append(md_table(df, {"report": "check", "what": "rows", "n": "n", "median": "median error",
                                     "p90": "p90 error", "file": "source"}) + "\n")
         else:
             md.append(f"No measurements of {md_code(s['calibrated_on'])} in the calibration reports.\n")
-    path = out / "report.md"
-    path.write_text("\n".join(md))
-    return path
+    return md
 
 
 def _candidate_order(c):

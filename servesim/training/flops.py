@@ -103,6 +103,15 @@ def model_flops_per_token(model, seq_len: int, mtp_layers: int = 0) -> float:
             + 3.0 * layers * attention_core_flops(model, seq_len, causal=False))
 
 
+def hardware_flops_per_token(model, seq_len: int, mtp_layers: int = 0) -> float:
+    """The FLOPs the GPUs execute per token without recomputation, for HFU: as ``model_flops_per_token``
+    but causal attention counted as computed, half the pairs (FlashAttention skips the masked blocks,
+    Dao 2022), so 6N + 6 L s d_attn."""
+    layers = model.num_layers + mtp_layers
+    return (6.0 * (mfu_params(model) + mtp_layers * mtp_params(model))
+            + 3.0 * layers * attention_core_flops(model, seq_len, causal=True))
+
+
 def counted_flops_per_token(model, seq_len: int) -> float:
     """The same quantity built bottom-up from the GEMM shapes the step model prices (TP = 1):
     3 x forward (backward = 2 x forward; Kaplan et al. 2020) over layers + LM head + attention."""

@@ -47,18 +47,29 @@ def candidate_layouts(model, hw, gpus: int, base: TrainLayout):
                                                           account_for_embedding=False, account_for_loss=False)
 
 
-def search_layouts(model, hw, gpus: int, base: TrainLayout, top: int = 10) -> list[TrainResult]:
-    """Feasible layouts for ``gpus`` GPUs, fastest first (at most ``top``)."""
+# A searched layout must fit in this fraction of device memory. A choice, not a measurement: the
+# memory model counts the tensors and a runtime reserve (memory.RUNTIME_RESERVE_BYTES) but not the
+# allocator's peaks between them, and a layout at 99% of memory is one allocation away from running
+# out; a layout given by hand is checked against the whole device.
+SEARCH_MEMORY_FRACTION = 0.90
+
+
+def search_layouts(model, hw, gpus: int, base: TrainLayout, top: int = 10,
+                   memory_fraction: float = SEARCH_MEMORY_FRACTION) -> list[TrainResult]:
+    """Feasible layouts for ``gpus`` GPUs, fastest first (at most ``top``), each within
+    ``memory_fraction`` of the device's memory (``--recompute auto`` recomputing more to get there)."""
+    from .framework import training_hardware
     results = []
+    limit = memory_fraction * training_hardware(hw).device_bytes
     for lay in candidate_layouts(model, hw, gpus, base):
         try:
-            results.append(train_step(model, hw, lay))
+            results.append(train_step(model, hw, lay, memory_limit=limit))
         except ServesimError:
             continue
     if not results:
-        raise InfeasibleError(f"--search: no layout of {model.name} fits on {gpus} x {hw.name} with "
-                              f"--global-batch {base.global_batch} --seq-len {base.seq_len}; use more "
-                              f"--gpus or a global batch divisible by more DP degrees")
+        raise InfeasibleError(f"--search: no layout of {model.name} fits in {100 * memory_fraction:.0f}% of the "
+                              f"memory of {gpus} x {hw.name} with --global-batch {base.global_batch} --seq-len "
+                              f"{base.seq_len}; use more --gpus or a global batch divisible by more DP degrees")
     results.sort(key=lambda r: r.step_time_s)
     return results[:top]
 

@@ -81,7 +81,8 @@ from servesim.costmodel.roofline import gemm_time_nb, roofline_time_nb
 from servesim.errors import InfeasibleError
 
 from . import comm
-from .flops import attention_core_flops, attn_dims, ffn_gemms, gemm_flops, layer_gemms, model_flops_per_token
+from .flops import (attention_core_flops, attn_dims, ffn_gemms, gemm_flops, hardware_flops_per_token, layer_gemms,
+                    model_flops_per_token)
 from .framework import (architecture_of, borrows_efficiency, efficiency_architecture, extrapolation_note,
                         load_framework, training_hardware)
 from .layout import TrainLayout, check_layout, resolve_with_defaults
@@ -637,30 +638,32 @@ def _memory_error(model, hw, lay, mem) -> InfeasibleError:
         f"recompute={rc} micro-batch={lay.micro_batch} seq={lay.seq_len}); {hint}")
 
 
-def fit_memory(model, hw, lay: TrainLayout, fw=None) -> tuple[TrainLayout, dict]:
+def fit_memory(model, hw, lay: TrainLayout, fw=None, limit: float | None = None) -> tuple[TrainLayout, dict]:
     """(layout, memory of its fullest rank); ``--recompute auto`` becomes the least recomputation
-    that fits in ``hw.device_bytes`` (or full recomputation when nothing fits)."""
+    that fits in ``limit`` bytes (default ``hw.device_bytes``; or full recomputation when nothing fits)."""
     fw = fw or load_framework(lay.framework)
+    limit = hw.device_bytes if limit is None else limit
     if lay.recompute != "auto":
         return lay, _fullest(memory_by_rank(model, hw, lay, fw))
     mem = None
     for cand in _auto_candidates(model, lay, fw):
         mem = _fullest(memory_by_rank(model, hw, cand, fw))
-        if mem["total"] <= hw.device_bytes:
+        if mem["total"] <= limit:
             return cand, mem
     return cand, mem
 
 
 def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: TrainingFit = FITTED,
-               check_memory: bool = True) -> TrainResult:
-    """Price one training step of ``model`` on ``hw`` with layout ``lay`` (see module docstring)."""
+               check_memory: bool = True, memory_limit: float | None = None) -> TrainResult:
+    """Price one training step of ``model`` on ``hw`` with layout ``lay`` (see module docstring).
+    ``memory_limit``: bytes a rank may use (default the device's memory; the layout search keeps a margin)."""
     fw = load_framework(lay.framework)
     hw = training_hardware(hw)
     lay, from_profile = resolve_with_defaults(lay, hw, fw)
     check_layout(model, hw, lay, gpus)
     asked = lay.recompute
-    lay, mem = fit_memory(model, hw, lay, fw)
-    if check_memory and mem["total"] > hw.device_bytes:
+    lay, mem = fit_memory(model, hw, lay, fw, memory_limit)
+    if check_memory and mem["total"] > (hw.device_bytes if memory_limit is None else memory_limit):
         raise _memory_error(model, hw, lay, mem)
     k = _Kern(hw, lay, fit, fw)
     chunks = pipeline_chunks(model, lay)
@@ -713,7 +716,8 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
     mfu8 = None
     if lay.dtype == "fp8":
         mfu8 = mf * tokens_step / step / (lay.gpus * hw.peak_flops["fp8"])
-    hfu = mfu * (1.0 + _recompute_flops_fraction(model, lay))
+    hf = hardware_flops_per_token(model, lay.seq_len, mtp_layers=mtp) + _recompute_flops(model, lay)
+    hfu = hf * tokens_step / step / (lay.gpus * hw.peak_flops["bf16"])
     parts = {key: val for key, val in breakdown.items() if key not in ("compute", "recompute")}
     parts["compute"] = breakdown["compute"] - breakdown["recompute"]
     parts["recompute"] = breakdown["recompute"]
@@ -731,10 +735,9 @@ def train_step(model, hw, lay: TrainLayout, gpus: int | None = None, fit: Traini
     )
 
 
-def _recompute_flops_fraction(model, lay) -> float:
-    """Recomputed FLOPs as a fraction of model FLOPs (same non-causal convention as MFU)."""
-    mf = model_flops_per_token(model, lay.seq_len, mtp_layers=sum(c.mtp for r in pipeline_chunks(model, lay) for c in r))
-    per_layer_attn = attention_core_flops(model, lay.seq_len, causal=False)
+def _recompute_flops(model, lay) -> float:
+    """Recomputed FLOPs per token, causal attention counted as computed (for HFU)."""
+    per_layer_attn = attention_core_flops(model, lay.seq_len, causal=True)
     chunks = pipeline_chunks(model, lay)
     rec = 0.0
     for rank in chunks:
@@ -763,7 +766,7 @@ def _recompute_flops_fraction(model, lay) -> float:
                     rec += gemm_flops(ffn_rest[0::2])
                 if lay.op_sac:
                     rec += gemm_flops(_op_sac_matmuls(model, 1, 1.0, attn_g, ffn_rest, moe))
-    return rec / mf if mf > 0 else 0.0
+    return rec
 
 
 __all__ = ["TrainResult", "fit_memory", "train_step"]
