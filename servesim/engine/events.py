@@ -55,22 +55,22 @@ def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
 
 
 @njit(**HANDLER)
-def wake_nb(pools, rp, sl, r, at):
+def wake_nb(pools, rp, r, at):
     """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free."""
     if rp.n_in_flight[r] < pools.pp[rp.pool[r]]:
-        set_time_nb(sl.wake_at, sl.wake_tree, r, at)
+        set_time_nb(rp.wake_at, rp.wake_tree, r, at)
 
 
-@njit(**HANDLER)
-def complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix, gap_hist, r, s, now):
+@njit(inline="always", **HANDLER)
+def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
     their blocks; on a prefill replica a finished prompt goes to a decode replica."""
     computed, generated, prompt = rq.computed, rq.generated, rq.prompt
     last_token, max_gap, in_flight = rq.last_token, rq.max_gap, rq.in_flight
-    slot_req, slot_chunk = sl.slot_req, sl.slot_chunk
+    slot_req, slot_chunk = rp.slot_req, rp.slot_chunk
     pl = rp.pool[r]
     k = r * cfg.pp + s
-    set_time_nb(sl.slot_end, sl.slot_tree, k, INF)
+    set_time_nb(rp.slot_end, rp.slot_tree, k, INF)
     rp.n_in_flight[r] -= 1
     if rp.n_in_flight[r] == 0:
         stats[pl, STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
@@ -78,7 +78,7 @@ def complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix,
     freed = False
     cached_gap = -1.0
     cached_bin = 0
-    for j in range(sl.slot_n[k]):
+    for j in range(rp.slot_n[k]):
         i = slot_req[k, j]
         in_flight[i] = False
         computed[i] += slot_chunk[k, j]
@@ -87,10 +87,10 @@ def complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix,
         if computed[i] != prompt[i] + generated[i]:
             continue                # a prefill chunk that does not finish the prompt
         if flow is not None and prefill_pool and generated[i] == 0 and rq.output[i] > 1:
-            drop_running_nb(sl.running, rp.n_running, r, i)
+            drop_running_nb(rp.running, rp.n_running, r, i)
             rq.status[i] = C.TRANSFER
             rq.pf_replica[i] = r
-            to_decode_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, i, now - sl.slot_start[k], now)
+            to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, now - rp.slot_start[k], now)
             continue
         generated[i] += 1
         if generated[i] == 1:
@@ -114,15 +114,15 @@ def complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix,
             release_nb(cfg, rq, rp, cache, chains, r, i, rq.blocks[i])
             rq.blocks[i] = 0
             freed = True
-            drop_running_nb(sl.running, rp.n_running, r, i)
+            drop_running_nb(rp.running, rp.n_running, r, i)
             end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
-    sl.slot_n[k] = 0
+    rp.slot_n[k] = 0
     if rp.n_running[r] == 0 and cfg.policy == C.STATIC:
         rp.pad_seqs[r] = 0
         rp.pad_kv[r] = 0
-    wake_nb(pools, rp, sl, r, max(rp.next_free[r], now))
+    wake_nb(pools, rp, r, max(rp.next_free[r], now))
     if flow is not None and freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
-        retry_held_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, now)
+        retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
 
 
 @njit(**HANDLER)
@@ -173,8 +173,8 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
 
 
 @njit(**HANDLER)
-def route_nb(cfg, rq, rp, sl, pools, cache, chains, i, routed):
-    return pick_nb(cfg, rq, rp, pools, cache, chains, sl.entry, i, routed,
+def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
+    return pick_nb(cfg, rq, rp, pools, cache, chains, rp.entry, i, routed,
                    cfg.router == C.PREFIX_AWARE and cfg.prefix_caching)
 
 
@@ -187,13 +187,13 @@ def fits_nb(pools, rp, d, need, whole):
 
 
 @njit(**HANDLER)
-def to_decode_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, i, t_prefill, now):
+def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_prefill, now):
     """Request i's prompt is done on its prefill replica: reserve a decode replica and start the
     transfer of its KV cache, or hold it (with its blocks) until a decode replica has room.
     Returns whether the transfer started."""
     need = blocks_for_nb(rq.prompt[i] + 1, cfg.block_size)
     whole = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
-    lst = sl.decode
+    lst = rp.decode
     d = pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, ctr[ROUTED_D], False)
     m = lst.shape[0]
     at = 0
@@ -235,11 +235,11 @@ def to_decode_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, i, t_
 
 
 @njit(**HANDLER)
-def retry_held_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, now):
+def retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now):
     """Decode blocks were freed: start the held transfers from the head while they fit."""
     while ctr[HELD_HEAD] >= 0:
         i = ctr[HELD_HEAD]
-        if not to_decode_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, i, -1.0, now):
+        if not to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, -1.0, now):
             return
         ctr[HELD_HEAD] = rq.q_next[i]
         rq.q_next[i] = -1
@@ -248,7 +248,7 @@ def retry_held_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, prefix, now)
 
 
 @njit(**HANDLER)
-def transfer_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, i, now):
+def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
     """Transfer i moves its last byte (it then ends after the link's latency), or ends: the prefill
     replica frees its blocks, the first token comes out, decoding starts on the decode replica."""
     if math.isnan(rq.xfer_end[i]):
@@ -259,7 +259,7 @@ def transfer_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, i, now):
     release_nb(cfg, rq, rp, cache, chains, src, i, rq.src_blocks[i])
     rq.src_blocks[i] = 0
     rp.load[src] -= 1
-    wake_nb(pools, rp, sl, src, max(rp.next_free[src], now))
+    wake_nb(pools, rp, src, max(rp.next_free[src], now))
     d = rq.replica[i]
     rq.generated[i] = 1
     rq.first_token[i] = now
@@ -268,12 +268,12 @@ def transfer_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, i, now):
         return
     if rp.n_running[d] < cfg.max_num_seqs:
         rq.status[i] = C.RUNNING
-        sl.running[d, rp.n_running[d]] = i
+        rp.running[d, rp.n_running[d]] = i
         rp.n_running[d] += 1
     else:       # at the front: a preempted request must not wait behind the blocks it holds
         rq.status[i] = C.WAITING
         push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, d, i)
-    wake_nb(pools, rp, sl, d, max(rp.next_free[d], now))
+    wake_nb(pools, rp, d, max(rp.next_free[d], now))
 
 
 @njit(**HANDLER)
@@ -294,10 +294,10 @@ def rejects_nb(cfg, pools, rp, rq, r, i):
     return True
 
 
-@njit(**HANDLER)
-def arrive_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, i, now):
+@njit(inline="always", **HANDLER)
+def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
     """Request i arrives: route it, reject it if it can never fit, else queue it."""
-    r = route_nb(cfg, rq, rp, sl, pools, cache, chains, i, ctr[ROUTED])
+    r = route_nb(cfg, rq, rp, pools, cache, chains, i, ctr[ROUTED])
     ctr[ROUTED] += 1
     rq.replica[i] = r
     if rejects_nb(cfg, pools, rp, rq, r, i):
@@ -306,28 +306,28 @@ def arrive_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, i, now):
     rq.status[i] = C.WAITING
     push_back_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, i)
     rp.load[r] += 1
-    wake_nb(pools, rp, sl, r, max(rp.next_free[r], now))
+    wake_nb(pools, rp, r, max(rp.next_free[r], now))
 
 
-@njit(**HANDLER)
-def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, sl, cache, step, ctr, stats, prefix, log, r, now):
+@njit(inline="always", **HANDLER)
+def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now):
     """A scheduling decision on replica r: form one micro-batch and launch it."""
-    set_time_nb(sl.wake_at, sl.wake_tree, r, INF)
+    set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.pool[r]
     before = stats[pl, STAT_PREEMPTIONS]
     if cfg.policy == C.STATIC:
-        nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, prefix, r, now)
+        nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
-        nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, stats, prefix, r, now)
+        nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now)
     if nb > 0:
-        launch_nb(ps[pl], cfg, pools, rq, rp, sl, step, ctr, stats, log, r, nb, swap_s, now)
+        launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
-        wake_nb(pools, rp, sl, r, now)
+        wake_nb(pools, rp, r, now)
 
 
-@njit(**HANDLER)
-def launch_nb(p, cfg, pools, rq, rp, sl, step, ctr, stats, log, r, nb, swap_s, now):
+@njit(inline="always", **HANDLER)
+def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it."""
     pl = rp.pool[r]
     PP = pools.pp[pl]
@@ -363,7 +363,7 @@ def launch_nb(p, cfg, pools, rq, rp, sl, step, ctr, stats, log, r, nb, swap_s, n
     interval = cost.interval + swap_s
     # claim a pipeline slot
     k = base
-    slot_end = sl.slot_end
+    slot_end = rp.slot_end
     for s in range(PP):
         if slot_end[base + s] == INF:
             k = base + s
@@ -377,24 +377,24 @@ def launch_nb(p, cfg, pools, rq, rp, sl, step, ctr, stats, log, r, nb, swap_s, n
         # previous stage has passed it on and the stage has finished the one before it
         d = (latency - interval) / (PP - 1)
         t_out = now + interval
-        stage_free = sl.stage_free
+        stage_free = rp.stage_free
         for st in range(1, PP):
             if stage_free[r, st] > t_out:
                 t_out = stage_free[r, st]
             t_out += d
             stage_free[r, st] = t_out
         stats[pl, STAT_STAGE_BUSY] += d
-    set_time_nb(sl.slot_end, sl.slot_tree, k, t_out)
-    sl.slot_start[k] = now
-    sl.slot_n[k] = nb
-    slot_req, slot_chunk, in_flight = sl.slot_req, sl.slot_chunk, rq.in_flight
+    set_time_nb(rp.slot_end, rp.slot_tree, k, t_out)
+    rp.slot_start[k] = now
+    rp.slot_n[k] = nb
+    slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
     for j in range(nb):
         slot_req[k, j] = b_req[j]
         slot_chunk[k, j] = b_chunk[j]
         in_flight[b_req[j]] = True
     rp.n_in_flight[r] += 1
     rp.next_free[r] = now + interval
-    wake_nb(pools, rp, sl, r, rp.next_free[r])
+    wake_nb(pools, rp, r, rp.next_free[r])
 
     kv_in_use = pools.num_blocks[pl] - rp.free_blocks[r]
     ctr[ITERATIONS] += 1

@@ -82,7 +82,7 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
     n = prompt.shape[0]
     rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
     ctr = new_counters(cfg, n)
-    rp, sl = new_replicas(cfg, pools)
+    rp = new_replicas(cfg, pools)
     # features the run does not use are None: numba prunes their branches, and compiles the loop
     # without them (one specialisation per feature set, each cached)
     cache = new_cache(cfg, pools, ctr) if cfg.prefix_caching else None
@@ -93,7 +93,7 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
     swap = np.array([[p.swap_alpha, p.swap_bw] for p in ps], np.float64)
-    run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, sl, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
+    run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
            pool_stats, prefix, gap_hist)
     stats = pool_stats.sum(axis=0)          # the pools summed in order; the largest KV in use, the run's end time
     for j in (STAT_KV_MAX, STAT_END_TIME):
@@ -131,35 +131,35 @@ def skip_followups_nb(rq, ctr):
 
 
 @njit(cache=True, _nrt=False)
-def run_nb(ps, swap, cfg, pools, chains, rq, rp, sl, cache, flow, step, log, ctr, stats, prefix, gap_hist):
+def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist):
     """The event loop over state the caller owns (borrowed: see `jit.py`)."""
     n = rq.prompt.shape[0]
     now = 0.0
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
-        t_comp, k = first_nb(sl.slot_end, sl.slot_tree)
+        t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
         x = ctr[XFER_NEXT]
         t_x = rq.xfer_ev[x] if x >= 0 else INF
         t_arr, i, from_heap = next_arrival_nb(rq, flow, ctr)
-        t_sch, r = first_nb(sl.wake_at, sl.wake_tree)
+        t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
         t = min(min(t_comp, t_x), min(t_arr, t_sch))
         if t == INF or t > cfg.max_time:
             break
         now = t
         if t_comp <= t:
-            complete_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
+            complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
                         k % cfg.pp, now)
         elif flow is not None and t_x <= t:
-            transfer_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, x, now)
+            transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, x, now)
         elif t_arr <= t:
             if flow is not None and from_heap:
                 heap_pop_nb(flow, ctr)
             else:
                 ctr[NEXT_ARRIVAL] += 1
                 skip_followups_nb(rq, ctr)
-            arrive_nb(cfg, pools, chains, rq, rp, sl, cache, flow, ctr, i, now)
+            arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, sl, cache, step, ctr, stats, prefix, log, r, now)
+            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now)
     for r in range(cfg.replicas):
         if rp.n_in_flight[r] > 0:
             stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]

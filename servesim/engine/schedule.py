@@ -84,7 +84,7 @@ def swap_seconds_nb(swap, pools, rp, rq, r, i):
 
 
 @njit(**HANDLER)
-def preempt_nb(swap, cfg, pools, rq, rp, sl, cache, chains, stats, r, v):
+def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, stats, r, v):
     """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
     swap_s = 0.0
     release_nb(cfg, rq, rp, cache, chains, r, v, rq.blocks[v])
@@ -98,7 +98,7 @@ def preempt_nb(swap, cfg, pools, rq, rp, sl, cache, chains, stats, r, v):
     rq.blocks[v] = 0
     rq.preemptions[v] += 1
     stats[rp.pool[r], STAT_PREEMPTIONS] += 1
-    drop_running_nb(sl.running, rp.n_running, r, v)
+    drop_running_nb(rp.running, rp.n_running, r, v)
     # to the front, but behind transferred requests queued there with their blocks (decode
     # replicas): they need no block, and the victim may need theirs
     a = -1
@@ -114,7 +114,7 @@ def preempt_nb(swap, cfg, pools, rq, rp, sl, cache, chains, stats, r, v):
 
 
 @njit(**HANDLER)
-def static_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, prefix, r, now):
+def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
     """When nothing runs, admit a whole batch reserving every prompt and output block; then run it.
     Returns (members, seconds of CPU-tier reloads)."""
     B = cfg.max_num_seqs
@@ -137,10 +137,10 @@ def static_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, pref
             rq.status[i] = C.RUNNING
             if math.isnan(rq.scheduled[i]):
                 rq.scheduled[i] = now
-            sl.running[r, rp.n_running[r]] = i
+            rp.running[r, rp.n_running[r]] = i
             rp.n_running[r] += 1
     nb = 0
-    run, in_flight, b_req, b_chunk = sl.running, rq.in_flight, step.req, step.chunk
+    run, in_flight, b_req, b_chunk = rp.running, rq.in_flight, step.req, step.chunk
     prompt, generated, computed = rq.prompt, rq.generated, rq.computed
     for j in range(rp.n_running[r]):
         i = run[r, j]
@@ -151,13 +151,13 @@ def static_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, pref
     return nb, reload_s
 
 
-@njit(**HANDLER)
-def continuous_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, stats, prefix, r, now):
+@njit(inline="always", **HANDLER)
+def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now):
     """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s)."""
     B = cfg.max_num_seqs
     wm = pools.watermark_blocks[rp.pool[r]]
     pol = cfg.policy
-    run, n_running, free_blocks = sl.running, rp.n_running, rp.free_blocks
+    run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
     b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
     status, in_flight, n_waiting, q_head = rq.status, rq.in_flight, rp.n_waiting, rp.q_head
@@ -236,7 +236,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, sl, cache, chains, step, ctr, 
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
                         break
-                    swap_s += preempt_nb(swap, cfg, pools, rq, rp, sl, cache, chains, stats, r, v)
+                    swap_s += preempt_nb(swap, cfg, pools, rq, rp, cache, chains, stats, r, v)
                     preempted_now = True
                     if v == i:
                         victim_self = True

@@ -1,12 +1,11 @@
 """The engine's state, declared once: configuration, requests, replicas, the micro-batch being
-formed, the run's counters and outputs. Requests and replicas are record arrays (one structured
-array each: a handler receives it as one argument, not as 28 or 19 arrays, which numba would flatten
-into hundreds of arguments per call and compile slowly); the rest are NamedTuples of arrays
-(immutable bundles of mutable arrays). Built in NumPy by the constructors below, passed to the
-jitted event loop.
+formed, the run's counters and outputs. Requests are a record array (one structured array: a
+handler receives it as one argument, not as 28 arrays, which numba would flatten into hundreds of
+arguments per call and compile slowly); the rest are NamedTuples of arrays (immutable bundles of
+mutable arrays). Built in NumPy by the constructors below, passed to the jitted event loop.
 
 Names follow the reference simulator (`servesim.reference.sim`): its `Request` and `Replica`
-attributes are the fields of `request_dtype` and `replica_dtype` here, one record per request or replica.
+attributes are the fields of `request_dtype` and the arrays of `Replicas` here, one element per request or replica.
 """
 from __future__ import annotations
 
@@ -168,34 +167,18 @@ request_dtype = np.dtype([
 ])
 
 
-# One record per replica (a structured array, as `request_dtype`), with its initial value.
-replica_dtype = np.dtype([
-    ("pool", np.int64),
-    ("q_head", np.int64),           # -1; waiting queue: a linked list through the requests' q_next
-    ("q_tail", np.int64),           # -1
-    ("n_waiting", np.int64),
-    ("n_running", np.int64),
-    ("free_blocks", np.int64),      # the pool's num_blocks
-    ("load", np.int64),             # waiting + running, what the routers compare
-    ("next_free", np.float64),      # first pipeline stage free at
-    ("n_in_flight", np.int64),
-    ("inflight_since", np.float64),  # start of the current span with work in flight
-    ("pad_seqs", np.int64),         # static: finished members still padding the batch
-    ("pad_kv", np.int64),
-    ("empty", np.int64),            # the pool's num_blocks; free blocks holding nothing (free_blocks = empty + evictable entries)
-    ("lru_head", np.int64),         # -1; evictable GPU entries, least recently freed first (Cache.prev/next)
-    ("lru_tail", np.int64),         # -1
-    ("cpu_head", np.int64),         # -1; CPU-tier entries, least recently stored first
-    ("cpu_tail", np.int64),         # -1
-    ("cpu_used", np.int64),
-    ("n_xfer", np.int64),           # KV transfers leaving the replica (they share its link)
-])
-
-
-class Slots(NamedTuple):
-    """The replicas' arrays of other shapes: running sets, pipeline slots (flattened to index
-    r * cfg.pp + s, cfg.pp: the deepest pool's stages) and the trees of the next events."""
+class Replicas(NamedTuple):
+    """One element (row) per replica; pipeline slots are flattened to index r * cfg.pp + s (cfg.pp:
+    the deepest pool's stages)."""
+    pool: np.ndarray
+    q_head: np.ndarray          # waiting queue: a linked list through the requests' q_next
+    q_tail: np.ndarray
+    n_waiting: np.ndarray
     running: np.ndarray         # (R, max_num_seqs) running requests in admission order
+    n_running: np.ndarray
+    free_blocks: np.ndarray
+    load: np.ndarray            # waiting + running, what the routers compare
+    next_free: np.ndarray       # first pipeline stage free at
     wake_at: np.ndarray         # pending scheduling decision (inf: none); padded, see nextevent.py
     wake_tree: np.ndarray       # the earliest wake_at
     slot_end: np.ndarray        # (R * pp) when the micro-batch in the slot comes out (inf: empty); padded
@@ -203,8 +186,19 @@ class Slots(NamedTuple):
     slot_n: np.ndarray          # (R * pp) its members
     slot_req: np.ndarray        # (R * pp, max_num_seqs)
     slot_chunk: np.ndarray      # (R * pp, max_num_seqs) tokens each member runs
-    slot_start: np.ndarray      # (R * pp) when the micro-batch in the slot was launched
+    n_in_flight: np.ndarray
+    inflight_since: np.ndarray  # start of the current span with work in flight
     stage_free: np.ndarray      # (R, pp) later pipeline stages 1..pp-1 free at
+    pad_seqs: np.ndarray        # static: finished members still padding the batch
+    pad_kv: np.ndarray
+    slot_start: np.ndarray      # (R * pp) when the micro-batch in the slot was launched
+    empty: np.ndarray           # free blocks holding nothing (free_blocks = empty + evictable entries)
+    lru_head: np.ndarray        # evictable GPU entries, least recently freed first (Cache.prev/next)
+    lru_tail: np.ndarray
+    cpu_head: np.ndarray        # CPU-tier entries, least recently stored first
+    cpu_tail: np.ndarray
+    cpu_used: np.ndarray
+    n_xfer: np.ndarray          # KV transfers leaving the replica (they share its link)
     entry: np.ndarray           # the replicas arrivals go to (mixed and prefill pools)
     decode: np.ndarray          # the decode replicas
 
@@ -262,22 +256,23 @@ def new_requests(arrival, prompt, output, u1, u2, next_turn):
 
 
 def new_replicas(cfg, pools):
-    """(replica records, Slots)."""
     R = cfg.replicas
     B = cfg.max_num_seqs
     S = R * cfg.pp
-    rp = np.zeros(R, replica_dtype)
-    rp["pool"] = np.repeat(np.arange(pools.role.shape[0], dtype=np.int64), pools.count)
-    rp["free_blocks"] = rp["empty"] = pools.num_blocks[rp["pool"]]
-    for name in ("q_head", "q_tail", "lru_head", "lru_tail", "cpu_head", "cpu_tail"):
-        rp[name] = -1
     wake_at, wake_tree = new_tree(R)
     slot_end, slot_tree = new_tree(S)
-    is_decode = pools.role[rp["pool"]] == C.DECODE
-    sl = Slots(np.full((R, B), -1, np.int64), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
-               np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(S), np.zeros((R, cfg.pp)),
-               np.flatnonzero(~is_decode).astype(np.int64), np.flatnonzero(is_decode).astype(np.int64))
-    return rp.view(np.recarray), sl
+    pool = np.repeat(np.arange(pools.role.shape[0], dtype=np.int64), pools.count).astype(np.int64)
+    free = pools.num_blocks[pool].astype(np.int64)
+    is_decode = pools.role[pool] == C.DECODE
+    entry = np.flatnonzero(~is_decode).astype(np.int64)
+    decode = np.flatnonzero(is_decode).astype(np.int64)
+    return Replicas(pool, np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.zeros(R, np.int64),
+                    np.full((R, B), -1, np.int64), np.zeros(R, np.int64), free,
+                    np.zeros(R, np.int64), np.zeros(R), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
+                    np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(R, np.int64), np.zeros(R),
+                    np.zeros((R, cfg.pp)), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(S), free.copy(),
+                    np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.full(R, -1, np.int64),
+                    np.full(R, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), entry, decode)
 
 
 def new_cache(cfg, pools, ctr):
