@@ -133,10 +133,17 @@ _POOL_OPTIONS = ("pool", "prefix_caching", "cpu_kv_gib", "kv_link", "layerwise_t
                  "think_time")
 
 
+# expert parallelism, DP attention, speculation: in the config only when not their default
+_PARALLEL_OPTIONS = ("ep", "attn_dp", "expert_skew", "speculative")
+
+
 def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
     """The config block: every option as resolved (``given``: as the caller gave them)."""
     from .pools import PoolSpec, parse_pool
     config = plain(cfg)
+    for name in _PARALLEL_OPTIONS:
+        if getattr(given, name) == getattr(SimConfig(), name):
+            del config[name]
     if not pools:
         for name in _POOL_OPTIONS:
             if getattr(given, name) in (None, ()):
@@ -154,6 +161,9 @@ def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
 def engine_options(cfg: SimConfig, window=None) -> EngineOptions:
     """The engine options of a resolved config (watermark and frontend: set per engine profile)."""
     shared = {f.name: getattr(cfg, f.name) for f in fields(EngineOptions) if f.name in declared()}
+    if cfg.attn_dp > 1:     # every DP attention rank schedules its own batch (costmodel/ep.py)
+        shared.update(max_num_seqs=cfg.max_num_seqs * cfg.attn_dp,
+                      max_num_batched_tokens=cfg.max_num_batched_tokens * cfg.attn_dp)
     return EngineOptions(**shared | dict(
         duration=math.inf if cfg.duration is None or window else cfg.duration, warmup_time=cfg.warmup))
 
@@ -303,6 +313,9 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     from .checks import sim_config
     compile_notice()        # a cold numba cache: one line on stderr before compiling
     given = cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
+    if cfg.speculative is not None:
+        raise ConfigError(f"--speculative {cfg.speculative}: the simulator does not run speculative decoding yet; "
+                          "`servesim cost --speculative ...` prices one step (draft, verification, tokens per step)")
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     from .pools import check_block_size, specs_of
     specs = specs_of(cfg)

@@ -130,6 +130,9 @@ def check_field(name: str, value, option: str | None = None):
     if rule.kind == "pools":
         from .pools import pool_texts
         return pool_texts(value, option)
+    if rule.kind == "speculative":
+        from .costmodel.speculative import parse_speculative
+        return parse_speculative(value)
     raise AssertionError(rule.kind)
 
 
@@ -223,7 +226,7 @@ def _pool_contradictions(cfg) -> None:
     from .pools import check_deployment, parse_pool
     if cfg.pool:
         base = SimConfig()
-        for name in ("hardware", "tp", "pp", "replicas"):
+        for name in ("hardware", "tp", "pp", "replicas", "ep", "attn_dp"):
             if getattr(cfg, name) != getattr(base, name):
                 raise ConfigError(f"--pool and {flag(name)} {getattr(cfg, name)} contradict: each pool gives its own "
                                   "hardware, tp, pp and replicas; drop " + flag(name))
@@ -232,6 +235,9 @@ def _pool_contradictions(cfg) -> None:
         disaggregated = any(s.role != "mixed" for s in specs)
     else:
         disaggregated = False
+    if cfg.expert_skew is not None and cfg.ep == 1:
+        warnings.warn(f"--expert-skew {cfg.expert_skew:g} does nothing without --ep > 1: it sets how the routed "
+                      "pairs spread over the EP ranks", ServesimWarning, stacklevel=4)
     if cfg.cpu_kv_gib and cfg.prefix_caching is False:
         raise ConfigError(f"--cpu-kv-gib {cfg.cpu_kv_gib:g} and --no-prefix-caching contradict: the CPU tier holds "
                           "evicted prefix-cache blocks; drop one of them")

@@ -20,7 +20,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from .engine import codes as C
 from .errors import ConfigError
 
-KINDS = ("name", "int", "float", "choice", "bool", "duration", "stages", "slo", "pools")   # duration: seconds (text on the CLI)
+KINDS = ("name", "int", "float", "choice", "bool", "duration", "stages", "slo", "pools", "speculative")   # duration: seconds (text on the CLI)
 
 
 def _weight_dtypes():
@@ -110,6 +110,19 @@ class SimConfig:
     tp: int = opt(1, "int", ge=1, help="Tensor-parallel degree.")
     pp: int = opt(1, "int", ge=1, help="Pipeline-parallel stages.")
     replicas: int = opt(1, "int", ge=1, help="Data-parallel replicas behind the router.")
+    ep: int = opt(1, "int", ge=1,
+                  help="Expert parallelism of a MoE model's routed experts within a replica (must divide the "
+                       "experts and --tp x --attn-dp).")
+    attn_dp: int = opt(1, "int", ge=1,
+                       help="Data-parallel attention ranks per replica, each a TP group serving its own requests "
+                            "(a replica is tp x attn-dp x pp GPUs; MoE models, with --ep).")
+    expert_skew: float | None = opt(None, "float", ge=0.0,
+                                    help="Expert routing with --ep: 0 balanced, ALPHA > 0 power-law expert loads "
+                                         "[default: 1.01 for DeepSeek (MLA) models, 1.2 for others, AIConfigurator's].")
+    speculative: object = opt(None, "speculative", grid=False,
+                              help="Speculative decoding, METHOD:k=K[:acceptance=A][:delta=D][:acceptance_length=L]"
+                                   "[:draft=MODEL], METHOD draft|eagle|mtp|ngram (e.g. eagle:k=3:acceptance=0.7, "
+                                   "mtp:k=1:acceptance_length=1.85).")
     pool: tuple = opt((), "pools",
                       help="A pool of replicas, HW:tpN[:ppM]:xR[:mixed|prefill|decode][:dtype=D][:engine=E]; "
                            "repeat for several (e.g. --pool h100-sxm:tp1:x2:prefill --pool h100-sxm:tp1:x2:decode); "
@@ -226,7 +239,7 @@ def plain(cfg) -> dict:
     out = {}
     for f in fields(cfg):
         v = getattr(cfg, f.name)
-        out[f.name] = str(v) if f.metadata["option"].kind == "slo" and v is not None else v
+        out[f.name] = str(v) if f.metadata["option"].kind in ("slo", "speculative") and v is not None else v
     return out
 
 

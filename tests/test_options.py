@@ -70,7 +70,8 @@ def test_every_declaration_is_consistent():
         if o.preset:                     # None filled from the engine profile: the attribute exists
             from servesim.config.engine import load_engine
             assert hasattr(load_engine("vllm").scheduler, o.preset), f.name
-    assert set(O.grid_keys()) == {f.name for f in fields(O.SimConfig)} - {"rate", "stages", "offline", "slo"}
+    assert set(O.grid_keys()) == {f.name for f in fields(O.SimConfig)} - {"rate", "stages", "offline", "slo",
+                                                                              "speculative"}
 
 
 # ------------------------------------------------------------------------------------------------

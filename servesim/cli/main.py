@@ -188,30 +188,50 @@ def _print_tree(d: dict, indent: int = 0):
 @click.option("--context", default=1024, show_default=True, type=int, help="Context length of each decode sequence.")
 @sim_option("engine")
 @sim_option("max_num_seqs", default=256, show_default=True, help="Sets the engine's largest captured CUDA-graph batch.")
+@sim_option("ep")
+@sim_option("attn_dp")
+@sim_option("expert_skew")
+@sim_option("speculative")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def cost(model, hardware, tp, pp, dtype, kv_dtype, allreduce, prefill_tokens, prefill_seqs, cached, decode_seqs,
-         context, engine, max_num_seqs, fmt):
+         context, engine, max_num_seqs, ep, attn_dp, expert_skew, speculative, fmt):
     """Time of one engine iteration with a breakdown per operator class.
 
     \b
     Examples:
       servesim cost --decode-seqs 64 --context 2048
       servesim cost --model llama-3.1-70b --tp 4 --prefill-tokens 8192 --prefill-seqs 4
+      servesim cost --model deepseek-v3 --hardware h200-sxm --dtype fp8 --tp 1 --attn-dp 8 --ep 8 --decode-seqs 512
+      servesim cost --model llama-3.1-70b --tp 4 --decode-seqs 8 --speculative draft:k=4:acceptance=0.8:draft=llama-3.1-8b
     """
     from ..workflows import cost as run
     res = run(model, hardware, tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce,
               prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, cached=cached, decode_seqs=decode_seqs,
-              context=context, engine=engine, max_num_seqs=max_num_seqs)
+              context=context, engine=engine, max_num_seqs=max_num_seqs, ep=ep, attn_dp=attn_dp,
+              expert_skew=expert_skew, speculative=speculative)
     if fmt == "json":
         click.echo(res.to_json())
         return
     d, mem = res.summary, res.summary["memory"]
-    click.echo(f"{d['model']} on {d['hardware']}  TP={tp} PP={pp} {dtype}  batch: {prefill_tokens} prefill tokens "
+    par = f"  EP={ep} attn-DP={attn_dp} ({d['num_gpus']} GPUs)" if ep > 1 or attn_dp > 1 else ""
+    click.echo(f"{d['model']} on {d['hardware']}  TP={tp} PP={pp}{par} {dtype}  batch: {prefill_tokens} prefill tokens "
                f"in {d['prefill_seqs']} seqs, {decode_seqs} decodes at context {context}")
     click.echo(f"  iteration time  {d['time_ms']:9.3f} ms   (pipeline interval {d['interval_ms']:.3f} ms)")
     for r in res.breakdown.itertuples():
         click.echo(f"  {r.part:<14}  {r.time_ms:9.3f} ms  {100 * r.share:5.1f}%  {r.bound}")
     click.echo(f"  bottleneck      {d['bottleneck']}")
+    if "moe" in d:
+        mo = d["moe"]
+        skew = "" if mo["expert_skew"] is None else \
+            f", routing {'balanced' if mo['expert_skew'] == 0 else 'power law ' + format(mo['expert_skew'], 'g')}"
+        click.echo(f"  MoE             routed experts {mo['experts_ms']:.3f} ms (in gemm), dispatch + combine "
+                   f"{mo['alltoall_ms']:.3f} ms (in communication){skew}")
+    if "speculative" in d:
+        sp = d["speculative"]
+        click.echo(f"  speculative     {sp['method']} k={sp['k']} A={sp['acceptance']:.3f}: draft {sp['draft_ms']:.3f} ms + "
+                   f"verify {sp['verify_ms']:.3f} ms per step, {sp['expected_tokens']:.2f} tokens per step -> "
+                   f"{sp['per_token_ms']:.3f} ms per token vs {sp['plain_step_ms']:.3f} ms plain "
+                   f"({sp['speedup']:.2f}x)")
     click.echo(f"  memory/GPU      weights {mem['weights_gib']:.1f} GiB, KV {mem['kv_bytes_per_token'] / 1024:.1f} "
                f"KiB/token, KV capacity {mem['kv_capacity_tokens']:,} tokens at 90% utilisation")
 

@@ -43,6 +43,15 @@ class Duration(click.ParamType):
 SLO = SloParam()
 
 
+class SpeculativeParam(click.ParamType):
+    """--speculative TEXT parsed into a `costmodel.speculative.Speculative` as the command line is read."""
+    name = "speculative"
+
+    def convert(self, value, param, ctx):
+        from ..costmodel.speculative import parse_speculative
+        return parse_speculative(value)
+
+
 def click_option(name: str, **overrides):
     """The click option of one SimConfig field; ``overrides`` replace click keywords (e.g. a command's
     own default)."""
@@ -57,6 +66,8 @@ def click_option(name: str, **overrides):
         kw["type"] = Choices(o)
     elif o.kind == "slo":
         kw["type"] = SLO
+    elif o.kind == "speculative":
+        kw.update(type=SpeculativeParam(), metavar="METHOD:k=K[:...]")
     elif o.kind == "duration":
         kw.update(type=Duration(), default=None if default is None else f"{default:g}s")
     elif o.kind == "bool":

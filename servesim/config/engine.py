@@ -187,6 +187,7 @@ class EngineProfile:
     moe_configs: Path | None = None  # tuned fused-MoE tiles (costmodel/moe_tiles.py); None: not known
     moe_default_tile_small: tuple = (0, 0)   # tile when the batch has at most as many tokens as local experts
     moe_default_tile: tuple = (0, 0)         # otherwise, without a tuned config
+    moe_ep_masked: bool = False      # under EP the fused MoE walks every routed pair, zeroing remote ones (costmodel/ep.py)
 
     def allreduce_max_bytes(self, tp: int, hw=None) -> float:
         """Largest message the engine's own NVLink all-reduce takes for a TP group of ``tp`` GPUs on ``hw``
@@ -341,7 +342,7 @@ def _load_file(path: Path) -> EngineProfile:
     )
 
     k = top.table("kernels")
-    k.expect_keys(_KERNEL_KEYS, _MOE_TILE_KEYS + (_AR_TP_KEY,))
+    k.expect_keys(_KERNEL_KEYS, _MOE_TILE_KEYS + (_AR_TP_KEY, "moe_ep_masked"))
     ar_by_tp = {}
     if k.has(_AR_TP_KEY):
         by_cap = k.data[_AR_TP_KEY]
@@ -383,6 +384,7 @@ def _load_file(path: Path) -> EngineProfile:
         fused_add_norm=k.bool("fused_add_norm"), allreduce=k.str("allreduce", choices=ALLREDUCE),
         custom_allreduce_max_bytes=k.float("custom_allreduce_max_mib", ge=0.0) * _UNIT["mib"],
         host_overlap=h.bool("overlap"), fits=fits, allreduce_max_bytes_by_tp=ar_by_tp, **moe_tiles,
+        moe_ep_masked=k.bool("moe_ep_masked") if k.has("moe_ep_masked") else False,
     )
 
 

@@ -43,6 +43,7 @@ _INTERCONNECT_KEYS = ("scaleup_name", "scaleup_bandwidth_GBps", "scaleup_domain_
                       "pcie_gen", "pcie_lanes", "pcie_bandwidth_GBps", "scaleout_name",
                       "scaleout_bandwidth_Gbps")
 _POWER_KEYS = ("tdp_W",)
+_ALLTOALL_KEYS = ("bw_fraction", "latency_us", "fit_source")   # optional [alltoall] (experiments/fit_ep.py)
 _PRICE_KEYS = ("usd_per_gpu_hour", "source")
 # Efficiency keys in file order: (file key, dataclass field, kind). kind "fraction" is (0, 1],
 # "positive" is > 0, "nonneg" is >= 0; "_us" keys are converted to seconds.
@@ -148,6 +149,10 @@ class HardwareProfile:
     efficiency_from: str  # the profile borrowed from: [efficiency] (unless own_efficiency) and engine fits; "" none
     cuda_capability: str = ""  # NVIDIA compute capability ("9.0"), where engines switch kernels on it
     own_efficiency: bool = True  # the file carries its own [efficiency] (measured), else borrowed
+    # [alltoall]: (fraction of the scale-up link, latency s) of an all-to-all inside the scale-up domain,
+    # fitted on NCCL alltoall rows (costmodel/ep.py); None: the [efficiency] collective figures
+    alltoall: tuple | None = None
+    alltoall_source: str = ""
 
 
 def list_hardware() -> list[str]:
@@ -195,7 +200,7 @@ def _resolve(name_or_path: str) -> Path:
 def _load_file(path: Path) -> HardwareProfile:
     top = Table(read_toml(path), path)
     has_eff = top.has("efficiency")
-    top.expect_keys(_TOP_KEYS, optional=("efficiency",))
+    top.expect_keys(_TOP_KEYS, optional=("efficiency", "alltoall"))
 
     name = top.str("name", nonempty=True)
     if name != path.stem:
@@ -257,7 +262,15 @@ def _load_file(path: Path) -> HardwareProfile:
     else:
         efficiency = _borrow_efficiency(top, path, efficiency_from)
 
+    alltoall, alltoall_source = None, ""
+    if top.has("alltoall"):
+        a2a = top.table("alltoall")
+        a2a.expect_keys(_ALLTOALL_KEYS)
+        alltoall = (a2a.float("bw_fraction", gt=0.0, le=1.0), a2a.float("latency_us", ge=0.0) * 1e-6)
+        alltoall_source = a2a.str("fit_source", nonempty=True)
+
     return HardwareProfile(
+        alltoall=alltoall, alltoall_source=alltoall_source,
         name=name, description=description, vendor=vendor, path=path, peak_flops=peak, sm_count=sm_count,
         hbm_bytes=hbm_bytes, hbm_bw=hbm_bw, device_bytes=device_bytes, scaleup_name=scaleup_name,
         scaleup_bw=scaleup_total * 1e9 / 2.0, scaleup_domain=scaleup_domain,

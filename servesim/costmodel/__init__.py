@@ -21,7 +21,7 @@ class ReplicaCost:
 
     @property
     def num_gpus(self) -> int:
-        return self.layout.tp * self.layout.pp
+        return self.layout.gpus
 
     def iteration(self, batch: Batch) -> Breakdown:
         return breakdown(self.params, batch)
@@ -37,7 +37,7 @@ def build_replica(model, hw, layout: Layout, gpu_memory_utilization: float = 0.9
     check_weights_fit(model, hw, layout, gpu_memory_utilization)
     mem = plan_memory(model, hw, layout.tp, layout.pp, layout.dtype, kv_dtype_resolved(layout.kv_dtype, layout.dtype),
                       gpu_memory_utilization, max_tokens, max_seqs, engine.scheduler.memory_fraction_of == "free",
-                      engine.scheduler.non_torch_memory_bytes)
+                      engine.scheduler.non_torch_memory_bytes, layout.ep, layout.attn_dp)
     return ReplicaCost(model, hw, layout, params, mem, engine)
 
 

@@ -33,6 +33,7 @@ kernels and all-reduces -- is tabulated per token count when the replica is lowe
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -42,6 +43,7 @@ from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
 from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_bytes_nb,
                       gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb,
                       weight_only_gemm_time_nb)
+from .ep import dispatch_combine_nb, ep_tokens_nb, masked_pairs_time_nb, rank_load_nb
 from .moe_tiles import pick_tile_nb
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 from .roofline import roofline_time_nb
@@ -82,14 +84,40 @@ def expected_experts_nb(tokens, experts, top_k):
 
 
 @njit(cache=True)
+def routed_experts_nb(p, m):
+    """The routed experts of one MoE layer on the slowest GPU, m tokens per DP rank: without EP the
+    fused MoE over the experts the batch touches (uniform routing); with EP the slowest EP rank's
+    pairs and touched experts (costmodel/ep.py), plus the remote pairs a masked kernel walks."""
+    if p.ep <= 1.0:
+        pairs = m * p.top_k
+        tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
+        return moe_experts_time_nb(pairs, expected_experts_nb(m, p.experts, p.top_k), pairs, p.hidden, p.exp_inter,
+                                   p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm,
+                                   p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,   # fitted as a fraction of gemm_max
+                                   tile_m, tile_n, p.moe_ridge)
+    tokens = ep_tokens_nb(p, m)
+    rank, touched = rank_load_nb(tokens, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
+    walked = tokens * p.top_k if p.ep_masked > 0.0 else rank
+    tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, tokens)
+    t = moe_experts_time_nb(rank, touched, walked, p.hidden, p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes,
+                            p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency,
+                            p.moe_pair, tile_m, tile_n, p.moe_ridge)
+    return t + masked_pairs_time_nb(p, walked - rank)
+
+
+@njit(cache=True)
+def alltoall_layer_nb(p, m):
+    """Dispatch + combine of one MoE layer (DP attention with EP; 0 otherwise), m tokens per DP rank."""
+    if p.ep <= 1.0 or p.attn_dp <= 1.0:
+        return 0.0
+    rank, _ = rank_load_nb(ep_tokens_nb(p, m), p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
+    return dispatch_combine_nb(p, m, rank)
+
+
+@njit(cache=True)
 def _moe_nb(p, m):
     """Routed experts (fused MoE over the experts the batch touches), shared experts and router."""
-    pairs = m * p.top_k
-    tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
-    t = moe_experts_time_nb(pairs, expected_experts_nb(m, p.experts, p.top_k), pairs, p.hidden, p.exp_inter,
-                            p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm,
-                            p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,   # fitted as a fraction of gemm_max
-                            tile_m, tile_n, p.moe_ridge)
+    t = routed_experts_nb(p, m)
     t += _gemms_nb(p, m, p.sh_k, p.sh_n)
     return t + _gemm16_nb(p, m, p.hidden, p.router_n)
 
@@ -114,8 +142,13 @@ def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec):
     attn = _gemms_bytes_nb(p, m, p.attn_k, p.attn_n)
     b = p.n_dense_layers * (attn + _gemms_bytes_nb(p, m, p.mlp_k, p.mlp_n))
     if p.n_moe_layers > 0.0:
-        touched = expected_experts_nb(m, p.experts, p.top_k)
-        rows = m * p.top_k / touched
+        if p.ep > 1.0:     # the slowest EP rank's experts (every rank counted as it: an upper bound)
+            pairs, touched = rank_load_nb(ep_tokens_nb(p, m), p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs,
+                                          p.skew_touched)
+            rows = pairs / touched if touched > 0.0 else 0.0
+        else:
+            touched = expected_experts_nb(m, p.experts, p.top_k)
+            rows = m * p.top_k / touched
         up_n = 2.0 * p.exp_inter if p.gated > 0.0 else p.exp_inter
         experts = touched * (gemm_bytes_nb(rows, p.hidden, up_n, p.w_bytes, p.a_bytes)
                              + gemm_bytes_nb(rows, p.exp_inter, p.hidden, p.w_bytes, p.a_bytes))
@@ -155,6 +188,8 @@ def layer_costs_nb(p, m, graphed):
     elem = n_layers * (m * p.elem_s_tok_layer + p.elem_kernels * p.elem_latency)
     # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
     comm = 2.0 * n_layers * allreduce_nb(p, m, graphed)
+    if p.n_moe_layers > 0.0:
+        comm += p.n_moe_layers * alltoall_layer_nb(p, m)   # expert parallelism with DP attention
     return gemm, elem, comm
 
 
@@ -239,6 +274,22 @@ class IterationCost(NamedTuple):
 
 @njit(cache=True)
 def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
+    if p.attn_dp > 1.0:
+        # DP attention: the batch split evenly over the ranks, each stepping its share together; the
+        # busiest holds ceil(sequences / ranks) of the mean sequence
+        d = p.attn_dp
+        seqs = n_pf + n_dec
+        f = math.ceil(seqs / d) / seqs if seqs > 0.0 else 1.0 / d
+        r = _rank_components_nb(p, tp_tok * f, n_pf * f, n_logit * f, pairs * f, kv_pf * f, n_dec * f, kv_dec * f)
+        return IterationCost(r.gemm, r.attention, r.elementwise, r.communication, r.overhead, r.latency, r.interval,
+                             r.flops * d, r.nbytes * d)
+    return _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+
+
+@njit(cache=True)
+def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
+    """One step of one (DP attention) rank: its own prefill chunks and decodes; its MoE layers see
+    every rank's tokens (ep_tokens_nb)."""
     tokens = tp_tok + n_dec
     seqs = n_pf + n_dec
     if tokens <= 0.0:
@@ -285,3 +336,20 @@ def iteration_time_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     """(latency, interval) of one iteration; see iteration_components_nb."""
     r = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
     return r.latency, r.interval
+
+
+@njit(cache=True)
+def moe_parts_nb(p, tp_tok, n_pf, n_dec):
+    """(routed experts, dispatch + combine) of one step's MoE layers, seconds, inside the gemm and
+    communication of `iteration_components_nb` (the same per-rank tokens and CUDA-graph padding)."""
+    if p.n_moe_layers <= 0.0:
+        return 0.0, 0.0
+    tokens = tp_tok + n_dec
+    seqs = n_pf + n_dec
+    if p.attn_dp > 1.0 and seqs > 0.0:
+        tokens *= math.ceil(seqs / p.attn_dp) / seqs
+    if tokens <= 0.0:
+        return 0.0, 0.0
+    padded = graph_tokens_nb(p.graph_sizes, tokens) if p.graph_mode != GRAPH_NONE else -1.0
+    m = padded if padded > 0.0 else tokens
+    return p.n_moe_layers * routed_experts_nb(p, m), p.n_moe_layers * alltoall_layer_nb(p, m)

@@ -65,20 +65,27 @@ class MemoryPlan:
         }
 
 
-def weight_bytes_per_gpu(model, tp: int, pp: int, dtype: str) -> float:
+def weight_bytes_per_gpu(model, tp: int, pp: int, dtype: str, ep: int = 1, attn_dp: int = 1) -> float:
+    """Weights on the fullest GPU. With expert parallelism the routed experts are spread over the
+    replica's tp x attn_dp GPUs of a stage (E / ep experts each, split over tp x attn_dp / ep), while
+    attention, dense MLPs, shared experts and the router are TP-sharded and replicated on every DP
+    attention rank (SGLang DP attention, vLLM DP + EP)."""
     wb = weight_bytes_per_param(dtype)
     layer_params = [0.0] * model.num_layers
+    layer_experts = [0.0] * model.num_layers
     for i in range(model.num_layers):
         p = model.attn_params_per_layer() + model.norm_params_per_layer()
         if model.is_moe_layer(i):
             moe = model.moe
-            p += moe.num_experts * model.expert_params() + model.shared_expert_params() + model.router_params()
+            p += model.shared_expert_params() + model.router_params()
+            layer_experts[i] = moe.num_experts * model.expert_params()
         else:
             p += model.dense_mlp_params()
         layer_params[i] = p
     per = layers_per_stage(model, pp)
-    stages = [sum(layer_params[s * per:(s + 1) * per]) for s in range(pp)]
-    stage_bytes = [s * wb / tp for s in stages]
+    expert_gpus = tp * attn_dp if ep > 1 else tp
+    stage_bytes = [(sum(layer_params[s * per:(s + 1) * per]) / tp
+                    + sum(layer_experts[s * per:(s + 1) * per]) / expert_gpus) * wb for s in range(pp)]
     emb = model.embedding_params() * 2.0 / tp
     head = model.lm_head_params() * 2.0 / tp
     if pp == 1:
@@ -106,15 +113,16 @@ def activation_bytes_per_gpu(model, tp: int, dtype: str, max_tokens: int, max_se
 
 def plan_memory(model, hw, tp: int, pp: int, dtype: str, kv_dtype: str, gpu_memory_utilization: float,
                 max_tokens: int, max_seqs: int, fraction_of_free: bool = False,
-                non_torch_bytes: float = GiB) -> MemoryPlan:
+                non_torch_bytes: float = GiB, ep: int = 1, attn_dp: int = 1) -> MemoryPlan:
     """KV capacity from the memory the device reports (``hw.device_bytes``).
 
     vLLM: ``gpu_memory_utilization`` x total memory - weights - the activation peak of a profile
     run - non-torch memory (CUDA context, NCCL, CUDA graphs) (vllm/v1/worker/gpu_worker.py,
     determine_available_memory). TensorRT-LLM (``fraction_of_free``): the fraction is of the memory
     left after weights, activations and runtime buffers (``kv_cache_free_gpu_mem_fraction``,
-    TensorRT-LLM docs, "KV cache")."""
-    w = weight_bytes_per_gpu(model, tp, pp, dtype)
+    TensorRT-LLM docs, "KV cache"). With ``attn_dp`` DP attention ranks each rank caches its own
+    requests, so the replica holds attn_dp times one rank's tokens."""
+    w = weight_bytes_per_gpu(model, tp, pp, dtype, ep, attn_dp)
     kv = kv_bytes_per_token_layer(model, tp, kv_dtype) * layers_per_stage(model, pp)
     act = activation_bytes_per_gpu(model, tp, dtype, max_tokens, max_seqs)
     total = hw.device_bytes
@@ -123,5 +131,5 @@ def plan_memory(model, hw, tp: int, pp: int, dtype: str, kv_dtype: str, gpu_memo
     else:
         usable = total * gpu_memory_utilization
     free = usable - w - act - non_torch_bytes
-    cap = int(free // kv) if free > 0 else 0
+    cap = int(free // kv) * attn_dp if free > 0 else 0
     return MemoryPlan(w, kv, act, non_torch_bytes, total, usable, cap)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from . import collectives, elementwise
+from . import ep as ep_model
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_MODES, GRAPH_NONE, GRAPH_PIECEWISE  # noqa: F401
 from .dtypes import (BYTES, WEIGHT_ONLY_EXTRA_LATENCY_US, activation_bytes, check_dtype, compute_dtype,
                      kv_dtype_resolved, weight_only)
@@ -28,6 +29,14 @@ class Layout:
     dtype: str = "bf16"
     kv_dtype: str = "auto"
     allreduce: str = "auto"
+    ep: int = 1                  # expert parallelism of the MoE layers (costmodel/ep.py)
+    attn_dp: int = 1             # data-parallel attention ranks, each a TP group of tp GPUs
+    expert_skew: float | None = None   # routing: 0 balanced, alpha > 0 power law; None: the model's default
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica: tp x attn_dp per pipeline stage."""
+        return self.tp * self.attn_dp * self.pp
 
 
 class CostParams(NamedTuple):
@@ -108,6 +117,15 @@ class CostParams(NamedTuple):
     launch: float                # CPU time per kernel launched outside a CUDA graph
     kernels_layer: float         # kernels one layer launches when eager
     active_params_gpu: float     # weights touched per token (for MFU)
+    ep: float                    # expert parallelism (costmodel/ep.py); 1: experts split by TP only
+    attn_dp: float               # data-parallel attention ranks (the batch split evenly over them)
+    ep_masked: float             # 1: the fused MoE walks the remote experts' pairs (attn_dp = 1)
+    a2a_bw: float                # all-to-all inside the scale-up domain: B/s, latency (ep.alltoall_link)
+    a2a_alpha: float
+    a2a_bw_out: float            # ... and over the NIC
+    a2a_alpha_out: float
+    a2a_domain: float            # EP ranks per scale-up domain
+    a2a_dispatch_bytes: float    # bytes per element of the dispatch (1: fp8, W8A8 and fp4 models)
     attn_k: np.ndarray           # GEMM shapes per layer, per GPU
     attn_n: np.ndarray
     mlp_k: np.ndarray
@@ -118,6 +136,9 @@ class CostParams(NamedTuple):
     moe_tile_m: np.ndarray       # empty: the kernel formula's own tile choice
     moe_tile_n: np.ndarray
     graph_sizes: np.ndarray      # captured batch sizes (tokens), increasing
+    skew_grid: np.ndarray        # the slowest EP rank's pairs and touched experts per token count
+    skew_pairs: np.ndarray       # (ep.skew_table; empty: balanced)
+    skew_touched: np.ndarray
     tab_gemm: np.ndarray         # per (padded) token count m: all layers' GEMMs, elementwise kernels and
     tab_elem: np.ndarray         # all-reduces of one forward (layer_costs_nb), filled by lower()
     tab_comm: np.ndarray
@@ -140,13 +161,35 @@ def check_layout(model, hw, layout: Layout) -> None:
             f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {model.name}")
     if pp > model.num_layers:
         raise InfeasibleError(f"--pp {pp} exceeds the {model.num_layers} layers of {model.name}")
+    check_ep(model, layout)
     if layout.allreduce not in collectives.ALGORITHMS:
         raise ConfigError(f"--allreduce: unknown value {layout.allreduce!r}; use ring, tree or auto")
     check_dtype(layout.dtype, hw.name, hw.peak_flops)
 
 
+def check_ep(model, layout: Layout) -> None:
+    """Expert parallelism and DP attention: a MoE model, EP dividing the experts and the replica's
+    tp x attn_dp GPUs (each expert's FFN then split over tp x attn_dp / ep of them)."""
+    ep, dp = layout.ep, layout.attn_dp
+    if ep < 1 or dp < 1:
+        raise ConfigError(f"--ep/--attn-dp must be >= 1, got ep={ep} attn-dp={dp}")
+    if ep == 1 and dp == 1:
+        return
+    if model.moe is None:
+        raise InfeasibleError(f"--ep {ep} --attn-dp {dp}: {model.name} has no experts; expert parallelism and "
+                              "DP attention are for MoE models (use --replicas for data parallelism)")
+    e = model.moe.num_experts
+    if e % ep:
+        ok = [d for d in range(1, e + 1) if e % d == 0 and d <= 512]
+        raise InfeasibleError(f"--ep {ep} does not divide the {e} experts of {model.name}; use one of "
+                              f"{', '.join(map(str, ok))}")
+    if (layout.tp * dp) % ep:
+        raise InfeasibleError(f"--ep {ep} must divide the replica's --tp x --attn-dp = {layout.tp} x {dp} = "
+                              f"{layout.tp * dp} GPUs (each expert on tp x attn-dp / ep of them)")
+
+
 def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float = 1.0) -> None:
-    w = weight_bytes_per_gpu(model, layout.tp, layout.pp, layout.dtype)
+    w = weight_bytes_per_gpu(model, layout.tp, layout.pp, layout.dtype, layout.ep, layout.attn_dp)
     cap = hw.device_bytes * gpu_memory_utilization
     if w < cap:
         return
@@ -158,8 +201,11 @@ def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float =
             break
     else:
         hint = "; use more pipeline stages (--pp) or a smaller --dtype"
+    if layout.ep > 1 or layout.attn_dp > 1:
+        hint = "; use a larger --ep (experts over more GPUs), --pp or a smaller --dtype"
     raise InfeasibleError(
-        f"{model.name} {layout.dtype} needs {w / GiB:.1f} GiB of weights per GPU at TP={layout.tp} PP={layout.pp}; "
+        f"{model.name} {layout.dtype} needs {w / GiB:.1f} GiB of weights per GPU at TP={layout.tp} PP={layout.pp}"
+        + (f" EP={layout.ep} attn-DP={layout.attn_dp}" if layout.ep > 1 or layout.attn_dp > 1 else "") + "; "
         f"{hw.name} holds {hw.device_bytes / GiB:.1f} GiB" +
         (f" ({cap / GiB:.1f} GiB at --gpu-memory-utilization {gpu_memory_utilization:g})"
          if gpu_memory_utilization < 1.0 else "") + hint)
@@ -215,10 +261,16 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
     experts = top_k = router_n = exp_inter = 0.0
     tiles = (np.zeros(0), np.zeros(0), np.zeros(0), False)
     f_act = f
+    skew = (np.zeros(0), np.zeros(0), np.zeros(0))
+    ep, dp = layout.ep, layout.attn_dp
     if model.moe is not None:
         moe = model.moe
         fe = moe.expert_ffn_hidden_size
-        exp_inter = fe / tp
+        exp_inter = fe / (tp * dp // ep if ep > 1 else tp)    # each expert over moe_tp = tp x attn_dp / ep GPUs
+        if ep > 1:
+            alpha = ep_model.default_skew(model) if layout.expert_skew is None else layout.expert_skew
+            skew = ep_model.skew_table(moe.num_experts, moe.experts_per_token, ep, alpha,
+                                       max(max_tokens, max_num_seqs, 1) * dp)
         # all shared experts as one MLP of n_shared x their width (HF DeepseekV3MoE, Llama4TextMoe)
         fs = moe.num_shared_experts * (moe.shared_expert_ffn_hidden_size or fe)
         if fs > 0:
@@ -228,7 +280,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         # the tuned Triton tiles serve 16-bit experts; vLLM 0.15.1 runs W8A8 fp8 MoE with per-channel
         # weights through its CUTLASS grouped GEMM on Hopper (fused_moe/oracle/fp8.py), tiles not known
         if layout.dtype in ("bf16", "fp16"):
-            tiles = tile_table(engine, hw.name, "16bit", moe.num_experts, int(round(exp_inter)))
+            tiles = tile_table(engine, hw.name, "16bit", moe.num_experts // ep, int(round(exp_inter)))
     qk_norms = (q_width, kv_heads_per_gpu(model, tp) * model.head_dim) if model.qk_norm else ()  # Qwen3, Llama-4
     elem = elementwise.layer_kernels(h, rope_width, f_act / tp, model.gated_mlp, latent_norms, qk_norms,
                                      fused_add_norm=engine.fused_add_norm)
@@ -248,6 +300,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
     # the fixed time of each kernel, measured alone, is partly hidden behind its neighbours when a
     # step's kernels run back to back (launch and ramp overlap the previous kernel's tail)
     keep = 1.0 - fit.graph_overlap
+    a2a = ep_model.alltoall_link(hw, ep)
     p = CostParams(
         tp=float(tp), pp=float(pp),
         peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"], hbm_bw=hw.hbm_bw, sms=float(hw.sm_count),
@@ -291,10 +344,14 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         graph_max=float(graph_sizes[-1]) if graph_sizes.size else 0.0,
         launch=fit.launch_s, kernels_layer=float(kernels_layer),
         active_params_gpu=active / (tp * pp) * 1.0,
+        ep=float(ep), attn_dp=float(dp), ep_masked=float(engine.moe_ep_masked and dp == 1 and ep > 1),
+        a2a_bw=a2a[0], a2a_alpha=a2a[1], a2a_bw_out=a2a[2], a2a_alpha_out=a2a[3], a2a_domain=a2a[4],
+        a2a_dispatch_bytes=1.0 if layout.dtype in ("fp8", "int8", "fp4") else 2.0,
         attn_k=_arr(attn_k), attn_n=_arr(attn_n), mlp_k=_arr(mlp_k), mlp_n=_arr(mlp_n),
         sh_k=_arr(sh_k), sh_n=_arr(sh_n),
         moe_tile_keys=_arr(tiles[0]), moe_tile_m=_arr(tiles[1]), moe_tile_n=_arr(tiles[2]),
         graph_sizes=np.ascontiguousarray(graph_sizes, dtype=np.float64),
+        skew_grid=skew[0], skew_pairs=skew[1], skew_touched=skew[2],
         tab_gemm=np.zeros(0), tab_elem=np.zeros(0), tab_comm=np.zeros(0),
     )
     from .iteration import layer_tables_nb

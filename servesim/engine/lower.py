@@ -19,6 +19,7 @@ def replica_of(cfg, model, hw, engine=None):
         if not cfg.iteration_overhead_us >= 0:
             raise ConfigError(f"--iteration-overhead-us must be >= 0, got {cfg.iteration_overhead_us}")
         engine = with_fit_for(engine, hw, host_step_s=cfg.iteration_overhead_us * 1e-6)
-    layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce)
+    layout = Layout(tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, allreduce=cfg.allreduce,
+                    ep=cfg.ep, attn_dp=cfg.attn_dp, expert_skew=cfg.expert_skew)
     return build_replica(model, hw, layout, cfg.gpu_memory_utilization, max_tokens=cfg.max_num_batched_tokens,
                          max_seqs=cfg.max_num_seqs, engine=engine)

@@ -10,7 +10,7 @@ STEP_MAX = 2**20   # one engine step: at most this many tokens or sequences
 
 def cost(model="llama-3.1-8b", hardware="h100-sxm", *, tp=1, pp=1, dtype="bf16", kv_dtype="auto", allreduce="auto",
          prefill_tokens=0, prefill_seqs=1, cached=0, decode_seqs=0, context=1024, engine="vllm",
-         max_num_seqs=256) -> CostResult:
+         max_num_seqs=256, ep=1, attn_dp=1, expert_skew=None, speculative=None) -> CostResult:
     """Time of one engine iteration, per operator class, with memory per GPU.
 
     Parameters
@@ -32,6 +32,13 @@ def cost(model="llama-3.1-8b", hardware="h100-sxm", *, tp=1, pp=1, dtype="bf16",
         Engine profile: vllm, sglang, trtllm or a ``.toml`` path.
     max_num_seqs : int
         Sets the engine's largest captured CUDA-graph batch.
+    ep, attn_dp, expert_skew
+        Expert parallelism, data-parallel attention ranks (the batch split evenly over them) and the
+        routing model of a MoE model (``servesim/costmodel/ep.py``); the summary's ``moe`` block says
+        where the MoE time goes.
+    speculative : str
+        ``METHOD:k=K[:acceptance=A]...`` (``servesim/costmodel/speculative.py``): the summary's
+        ``speculative`` block prices one step of the decodes (draft, verification, expected tokens).
 
     Returns
     -------
@@ -62,6 +69,15 @@ def cost(model="llama-3.1-8b", hardware="h100-sxm", *, tp=1, pp=1, dtype="bf16",
     check_int(context, "--context", ge=0, le=INT32_MAX)
     check_int(max_num_seqs, "--max-num-seqs", ge=1, le=STEP_MAX)
     check_choice(allreduce, "--allreduce", ("auto", "ring", "tree"))
+    check_int(ep, "--ep", ge=1, le=STEP_MAX)
+    check_int(attn_dp, "--attn-dp", ge=1, le=STEP_MAX)
+    if expert_skew is not None:
+        from ..checks import check_float
+        check_float(expert_skew, "--expert-skew", ge=0.0)
+    from ..costmodel.speculative import parse_speculative
+    spec = parse_speculative(speculative)
+    if spec is not None and decode_seqs == 0:
+        raise ConfigError("--speculative prices decode steps: give --decode-seqs N")
     if prefill_tokens == 0 and decode_seqs == 0:
         raise ConfigError("empty batch: give --prefill-tokens N and/or --decode-seqs N")
     m, h, eng = load_model(model), load_hardware(hardware), load_engine(engine)
@@ -71,8 +87,10 @@ def cost(model="llama-3.1-8b", hardware="h100-sxm", *, tp=1, pp=1, dtype="bf16",
         if n > m.max_context:
             raise ConfigError(f"{what} exceeds {m.name}'s context of {m.max_context:,} tokens (max_context); "
                               "use a shorter context or more --prefill-seqs")
-    rc = build_replica(m, h, Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce),
-                       max_tokens=max(prefill_tokens + decode_seqs, 1), max_seqs=max_num_seqs, engine=eng)
+    layout = Layout(tp=tp, pp=pp, dtype=dtype, kv_dtype=kv_dtype, allreduce=allreduce, ep=ep, attn_dp=attn_dp,
+                    expert_skew=expert_skew)
+    rc = build_replica(m, h, layout, max_tokens=max(prefill_tokens + decode_seqs, 1), max_seqs=max_num_seqs,
+                       engine=eng)
     chunks = []
     if prefill_tokens:
         base, extra = divmod(prefill_tokens, prefill_seqs)
@@ -83,6 +101,21 @@ def cost(model="llama-3.1-8b", hardware="h100-sxm", *, tp=1, pp=1, dtype="bf16",
          "prefill_tokens": prefill_tokens, "prefill_seqs": len(chunks), "decode_seqs": decode_seqs,
          "context": context, **b.as_dict(), "memory": rc.memory.as_dict()}
     d["tokens_per_s"] = (prefill_tokens + decode_seqs) / b.interval_s if b.interval_s > 0 else 0.0
+    d["num_gpus"] = layout.gpus
+    if m.moe is not None:
+        from ..costmodel import ep as ep_model
+        from ..costmodel.iteration import moe_parts_nb
+        experts, a2a = moe_parts_nb(rc.params, float(prefill_tokens), float(len(chunks)), float(decode_seqs))
+        d["moe"] = {"ep": ep, "attn_dp": attn_dp,
+                    "expert_skew": (None if ep == 1 else expert_skew if expert_skew is not None
+                                    else ep_model.default_skew(m)),
+                    "experts_ms": experts * 1e3, "alltoall_ms": a2a * 1e3,
+                    "alltoall_fit": h.alltoall_source or "not fitted: the profile's collective figures"}
+    if spec is not None:
+        from ..costmodel.speculative import price_step
+        sp = price_step(rc, spec, decode_seqs, context)
+        d["speculative"] = {k: (v * 1e3 if k.endswith("_s") else v) for k, v in sp.items()}
+        d["speculative"] = {(k[:-2] + "_ms" if k.endswith("_s") else k): v for k, v in d["speculative"].items()}
     rows = []
     for part, t in b.parts_s.items():
         bound = b.bound.get(part, "")

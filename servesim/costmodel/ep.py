@@ -1,0 +1,242 @@
+"""Expert-parallel MoE serving with data-parallel attention (wide EP), per replica.
+
+A replica of ``tp x attn_dp`` GPUs (per pipeline stage) runs attention on ``attn_dp`` data-parallel
+ranks, each a TP group of ``tp`` GPUs serving its own requests (SGLang ``--enable-dp-attention``,
+vLLM ``--data-parallel-size`` with ``--enable-expert-parallel``), and spreads the routed experts of
+every MoE layer over ``ep`` GPUs (E / ep local experts each), every expert's FFN split over the
+``moe_tp = tp x attn_dp / ep`` GPUs that hold it (AIConfigurator's moe_tp_size x moe_ep_size).
+The DeepSeek-V3 deployment (DeepSeek-AI 2024, arXiv:2412.19437, sec. 3.4): attention TP 4 with DP 8
+and EP 32 for prefill; EP 320 for decode.
+
+Per MoE layer (one engine step, ``tokens`` = the tokens of all DP ranks together):
+
+- **the slowest rank's grouped GEMM**: the token-expert pairs routed to the EP rank with the most,
+  under a routing model (`rank_load_nb`): ``balanced`` (``expert_skew = 0``: T k / ep pairs each,
+  the AIConfigurator ``balanced`` rows) or power-law expert loads (``expert_skew = alpha > 0``: every
+  expert's load drawn from a bounded power law p(x) ~ x^-alpha, the form of AIConfigurator's
+  ``power_law_<alpha>`` rows, scaled to T k pairs and capped at T, the slowest of the ep ranks
+  taken; the expectation over `DRAWS` seeded draws, tabulated once per replica). The kernel time is
+  the engine's fused-MoE formula (``kernels.moe_experts_time_nb``) at that rank's pairs and touched
+  experts.
+- **dispatch and combine** (only with ``attn_dp > 1``: each DP rank's tokens go to the ranks of
+  their experts and back; DeepEP in SGLang, vLLM's all2all backends): two all-to-alls, each rank
+  sending ``tokens x top_k x (1 - 1/ep) x hidden x bytes`` (the slowest rank's receive when it is
+  larger), fp8 for the dispatch of a W8A8 / fp4 model and 16 bits for the combine (DeepSeek-V3
+  report, sec. 3.3.2: dispatch activations quantised to FP8, combine in BF16). Inside the scale-up
+  domain over NVLink, across domains the bytes to other domains over the NIC, the two in parallel
+  (`dispatch_combine_nb`); alpha + (n - 1)/n S / B fitted on AIConfigurator's NCCL ``alltoall``
+  rows (hardware profile ``[alltoall]``; there are no DeepEP tables in the AIConfigurator data).
+- with ``attn_dp = 1`` (TP attention + EP experts, vLLM ``--enable-expert-parallel`` at DP 1) every
+  GPU holds every token and no all-to-all runs: the experts' partial outputs join in the TP
+  all-reduce, and the Triton fused MoE of vLLM/SGLang walks every routed pair, writing zeros for
+  the remote experts' blocks (vLLM ``fused_moe.py``, ``write_zeros_to_output`` when
+  ``expert_ids == -1``; engine profile ``moe_ep_masked``): the remote pairs' intermediate traffic
+  (w1 output and the activation's read and write, w2 output, the sum's read) is priced at the
+  engine's GEMM bandwidth.
+
+The iteration ends with the slowest rank: attention on the busiest DP rank, the experts on the
+busiest EP rank. The cost model sees one replica's batch and splits it evenly over the DP ranks.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .collectives import all_to_all_time_nb
+
+# AIConfigurator's default power-law exponents for MoE routing (aiconfigurator-core 0.12.0,
+# sdk/models/deepseek.py and the DeepSeek-derived models: ``_power_law_alpha = 1.01``; the generic
+# sdk/models/moe.py: 1.2; sdk/config.py ``workload_distribution = "power_law"``).
+SKEW_DEEPSEEK = 1.01
+SKEW_OTHER = 1.2
+DRAWS = 64                # draws of the power-law loads per tabulated token count
+SKEW_SEED = 0x45505f       # fixed: the table is a deterministic function of its inputs
+GRID_POINTS = 96          # token counts tabulated (geometric, 1 .. max), linear in between
+
+
+def default_skew(model) -> float:
+    """The routing exponent when none is given: AIConfigurator's for the model's family."""
+    return SKEW_DEEPSEEK if model.mla is not None else SKEW_OTHER
+
+
+@njit(cache=True)
+def power_law_loads_nb(u, tokens, top_k, lo, hi, alpha):
+    """Expert loads from the uniforms ``u`` (one per expert): inverse-CDF draws of p(x) ~ x^-alpha on
+    [lo, hi], scaled to ``tokens x top_k`` pairs and capped at ``tokens`` (a token picks an expert
+    once)."""
+    n = u.shape[0]
+    x = np.empty(n)
+    if abs(alpha - 1.0) < 1e-9:
+        for j in range(n):
+            x[j] = lo * (hi / lo) ** u[j]
+    else:
+        a = lo ** (1.0 - alpha)
+        b = hi ** (1.0 - alpha)
+        for j in range(n):
+            x[j] = ((b - a) * u[j] + a) ** (1.0 / (1.0 - alpha))
+    s = x.sum()
+    for j in range(n):
+        x[j] = min(x[j] / s * tokens * top_k, tokens)
+    return x
+
+
+@njit(cache=True)
+def slowest_rank_nb(loads, ep):
+    """(pairs, touched experts) of the EP rank with the most pairs; experts in ep consecutive blocks.
+    A touched expert holds at least half a pair (the loads are expectations, AIConfigurator rounds)."""
+    per = loads.shape[0] // ep
+    best = -1.0
+    touched = 0.0
+    for r in range(ep):
+        s = 0.0
+        t = 0.0
+        for j in range(r * per, (r + 1) * per):
+            s += loads[j]
+            if loads[j] >= 0.5:
+                t += 1.0
+        if s > best:
+            best = s
+            touched = t
+    return best, touched
+
+
+@njit(cache=True)
+def skew_table_nb(grid, experts, top_k, ep, alpha, u):
+    """Mean (pairs, touched) of the slowest rank at each token count of ``grid`` over the draws ``u``
+    (draws x experts uniforms). Loads on [1, 0.8 T] when T k exceeds the experts, else on
+    [0.01, 2] (few pairs: most experts get none)."""
+    n = grid.shape[0]
+    pairs = np.zeros(n)
+    touched = np.zeros(n)
+    for i in range(n):
+        t = grid[i]
+        if t * top_k > experts:
+            lo, hi = 1.0, max(0.8 * t, 1.000001)
+        else:
+            lo, hi = 0.01, 2.0
+        for d in range(u.shape[0]):
+            a, b = slowest_rank_nb(power_law_loads_nb(u[d], t, top_k, lo, hi, alpha), int(ep))
+            pairs[i] += a
+            touched[i] += max(b, 1.0)
+        pairs[i] /= u.shape[0]
+        touched[i] /= u.shape[0]
+    return pairs, touched
+
+
+def skew_table(experts: int, top_k: int, ep: int, alpha: float, max_tokens: float):
+    """(grid, pairs, touched) of the slowest rank under power-law loads, for `rank_load_nb`; empty
+    arrays for a balanced router (alpha 0) or ep = 1."""
+    if alpha <= 0.0 or ep <= 1:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    grid = np.unique(np.round(np.geomspace(1.0, max(float(max_tokens), 2.0), GRID_POINTS)))
+    u = np.random.default_rng(SKEW_SEED).random((DRAWS, int(experts)))
+    pairs, touched = skew_table_nb(grid, float(experts), float(top_k), float(ep), float(alpha), u)
+    return grid, pairs, touched
+
+
+@njit(cache=True)
+def _interp_nb(grid, ys, x):
+    n = grid.shape[0]
+    if x <= grid[0]:
+        return ys[0] * x / grid[0]
+    if x >= grid[n - 1]:
+        return ys[n - 1] * x / grid[n - 1]
+    lo = 0
+    hi = n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if grid[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    w = (x - grid[lo]) / (grid[hi] - grid[lo])
+    return ys[lo] + w * (ys[hi] - ys[lo])
+
+
+@njit(cache=True)
+def rank_load_nb(tokens, experts, top_k, ep, grid, pairs, touched):
+    """(pairs, touched local experts) of the slowest EP rank for ``tokens`` tokens: balanced
+    (``grid`` empty) T k / ep pairs over min(E / ep, T k / ep) experts, else the power-law table."""
+    local = experts / ep
+    if tokens <= 0.0:
+        return 0.0, 0.0
+    if grid.shape[0] == 0:
+        a = tokens * top_k / ep
+        return a, min(local, a)
+    a = min(_interp_nb(grid, pairs, tokens), tokens * local)
+    t = min(max(_interp_nb(grid, touched, tokens) if tokens <= grid[grid.shape[0] - 1]
+                else touched[touched.shape[0] - 1], 1.0), local, a)
+    return a, t
+
+
+@njit(cache=True)
+def alltoall_nb(nbytes, n, domain, bw_in, alpha_in, bw_out, alpha_out):
+    """All-to-all of ``nbytes`` per rank (its whole send buffer) over ``n`` ranks of which ``domain``
+    share a scale-up domain: the (domain - 1)/n share over NVLink and the (n - domain)/n share over
+    the NIC, in parallel (the slower bounds); inside one domain alpha + (n - 1)/n S / B
+    (``collectives.all_to_all_time_nb`` with one latency per call, as NCCL's alltoall rows show)."""
+    if n <= 1.0 or nbytes <= 0.0:
+        return 0.0
+    if n <= domain:
+        return alpha_in + all_to_all_time_nb(nbytes, n, bw_in, 0.0)
+    t_in = (domain - 1.0) / n * nbytes / bw_in
+    t_out = (n - domain) / n * nbytes / bw_out
+    return max(alpha_in, alpha_out) + max(t_in, t_out)
+
+
+def alltoall_link(hw, ep: int):
+    """(bw inside the scale-up domain, its latency, NIC bw, its latency, ranks per domain) for an
+    all-to-all over ``ep`` GPUs: the profile's fitted ``[alltoall]`` figures on the scale-up link
+    (else its collective figures), the NIC at ``scaleout_bw_fraction``."""
+    eff = hw.efficiency
+    frac, lat = hw.alltoall if hw.alltoall is not None else (eff.scaleup_bw_fraction,
+                                                             eff.collective_base_latency_s)
+    domain = hw.scaleup_domain if hw.scaleup_bw > 0 else 1
+    if hw.scaleup_bw > 0:
+        bw_in, a_in = hw.scaleup_bw * frac, lat
+    else:
+        bw_in, a_in = hw.pcie_bw * eff.pcie_bw_fraction, eff.pcie_latency_s
+        domain = max(1, min(ep, hw.gpus_per_node))
+    return bw_in, a_in, hw.scaleout_bw * eff.scaleout_bw_fraction, eff.scaleout_latency_s, float(domain)
+
+
+@njit(cache=True)
+def dispatch_combine_nb(p, m, rank_pairs):
+    """Dispatch + combine of one MoE layer on a DP rank with ``m`` tokens, the slowest EP rank
+    receiving ``rank_pairs`` token rows: each all-to-all moves max(m k, rank pairs) rows of the
+    hidden state, (1 - 1/ep) of them to other ranks (`alltoall_nb` counts the share)."""
+    if p.attn_dp <= 1.0 or p.ep <= 1.0:
+        return 0.0
+    rows = max(m * p.top_k, rank_pairs)
+    t = alltoall_nb(rows * p.hidden * p.a2a_dispatch_bytes, p.ep, p.a2a_domain, p.a2a_bw, p.a2a_alpha,
+                    p.a2a_bw_out, p.a2a_alpha_out)
+    return t + alltoall_nb(rows * p.hidden * 2.0, p.ep, p.a2a_domain, p.a2a_bw, p.a2a_alpha, p.a2a_bw_out,
+                           p.a2a_alpha_out)
+
+
+@njit(cache=True)
+def masked_pairs_time_nb(p, pairs):
+    """The remote pairs an expert-map fused MoE walks anyway (``moe_ep_masked``): per pair, zeros
+    written for the w1 output (2 x inter when gated) and the w2 output (hidden), the activation's read
+    of the w1 output and write of its inter-wide result, the final sum's read of the w2 output."""
+    if p.ep_masked <= 0.0 or pairs <= 0.0:
+        return 0.0
+    up_n = 2.0 * p.exp_inter if p.gated > 0.0 else p.exp_inter
+    nbytes = pairs * p.a_bytes * (2.0 * up_n + p.exp_inter + 2.0 * p.hidden)
+    return nbytes / (p.hbm_bw * p.g_hbm)
+
+
+@njit(cache=True)
+def ep_tokens_nb(p, m):
+    """Tokens every MoE layer routes when each of the attn_dp ranks brings m (an even split)."""
+    return m * p.attn_dp
+
+
+def moe_parallel(model, tp: int, attn_dp: int, ep: int) -> int:
+    """moe_tp: the GPUs each expert's FFN is split over (tp x attn_dp / ep)."""
+    return (tp * attn_dp) // ep
+
+
+__all__ = ["DRAWS", "SKEW_DEEPSEEK", "SKEW_OTHER", "alltoall_link", "alltoall_nb", "default_skew",
+           "dispatch_combine_nb", "ep_tokens_nb", "masked_pairs_time_nb", "moe_parallel", "power_law_loads_nb",
+           "rank_load_nb", "skew_table", "skew_table_nb", "slowest_rank_nb"]

@@ -1,0 +1,230 @@
+"""Speculative decoding: what one decode step of a request costs and yields (Leviathan et al. 2023,
+"Fast Inference from Transformers via Speculative Decoding", ICML; Chen et al. 2023).
+
+``--speculative METHOD:k=K[:acceptance=A][:delta=D][:acceptance_length=L][:draft=MODEL]``:
+
+- **draft**: the proposer makes K tokens per sequence, one at a time. ``draft``: a smaller model,
+  priced on the same hardware and layout as the target (K decode forwards of its own); ``eagle``: one
+  decoder layer of the target's width and a 2h -> h projection of [hidden; embedding] ahead of the
+  target's LM head, per draft token (Li et al. 2024, "EAGLE", sec. 3: "a single transformer decoder
+  layer"); ``mtp``: DeepSeek-V3's multi-token-prediction module, one transformer block of the
+  target (MLA and MoE), the 2h -> h projection and the shared head (DeepSeek-V3 report,
+  arXiv:2412.19437, sec. 2.2); ``ngram``: prompt lookup on the CPU (vLLM's n-gram proposer), no GPU
+  work; its host time is not priced (not measured here).
+- **verify**: one forward of the target over K + 1 query tokens per sequence: GEMMs at n (K + 1)
+  rows (the weights read once), attention as a short prefill of K + 1 tokens over the cached KV,
+  K + 1 sampled rows per sequence.
+- **acceptance**: the i-th draft token is accepted with probability a_i = A delta^(i - 1) given the
+  ones before it were (delta = 1: a constant rate); the step yields the accepted prefix plus the
+  target's own token, 1 + sum_{j<=K} prod_{i<=j} a_i tokens in expectation, (1 - A^(K+1)) / (1 - A)
+  for constant A (Leviathan et al., eq. 1). ``acceptance_length=L`` gives that expectation (the
+  "acceptance length" published for EAGLE and MTP) and A is solved for it.
+- MTP's default acceptance is DeepSeek's own measurement: "the acceptance rate of the second token
+  prediction ranges between 85% and 90%" (DeepSeek-V3 report, sec. 5.4.3); the lower end is taken.
+  The other methods need ``acceptance=`` or ``acceptance_length=``.
+
+The engine reserves K lookahead KV slots per sequence (vLLM ``num_lookahead_slots``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, InfeasibleError
+
+METHODS = ("draft", "eagle", "mtp", "ngram")
+MTP_ACCEPTANCE = 0.85        # DeepSeek-V3 report, sec. 5.4.3: 85%-90% for the second token
+_KEYS = ("k", "acceptance", "delta", "acceptance_length", "draft")
+OPTION = "--speculative"
+FORM = "METHOD:k=K[:acceptance=A][:delta=D][:acceptance_length=L][:draft=MODEL]"
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """A parsed ``--speculative`` value."""
+    method: str
+    k: int
+    acceptance: float            # A, the first draft token's acceptance probability
+    delta: float = 1.0           # a_i = A delta^(i - 1)
+    draft: str | None = None     # the draft model (method draft)
+    text: str = ""
+
+    def rates(self) -> np.ndarray:
+        """a_1 .. a_K."""
+        return self.acceptance * self.delta ** np.arange(self.k, dtype=np.float64)
+
+    @property
+    def expected_tokens(self) -> float:
+        return expected_tokens(self.acceptance, self.delta, self.k)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def expected_tokens(a: float, delta: float, k: int) -> float:
+    """1 + sum_{j=1..K} prod_{i<=j} a_i with a_i = a delta^(i - 1): tokens one verification yields."""
+    total, run = 1.0, 1.0
+    for i in range(k):
+        run *= min(1.0, a * delta ** i)
+        total += run
+    return total
+
+
+def acceptance_for_length(length: float, delta: float, k: int) -> float:
+    """The A whose expected tokens per step equal ``length`` (bisection; the expectation rises with A)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if expected_tokens(mid, delta, k) < length:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _number(key, value, text, kind=float):
+    try:
+        x = kind(value)
+    except ValueError:
+        raise ConfigError(f"{OPTION} {text!r}: {key}={value!r} is not {'an integer' if kind is int else 'a number'}; "
+                          f"use {FORM}") from None
+    if kind is float and not math.isfinite(x):
+        raise ConfigError(f"{OPTION} {text!r}: {key}={value!r} must be finite")
+    return x
+
+
+def parse_speculative(text) -> Speculative | None:
+    """``METHOD:k=K[:acceptance=A][:delta=D][:acceptance_length=L][:draft=MODEL]`` -> Speculative (None
+    for None); one-line ConfigError naming the part that is wrong."""
+    if text is None or isinstance(text, Speculative):
+        return text
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{OPTION} {text!r}: use {FORM}, e.g. eagle:k=3:acceptance=0.7 or mtp:k=1")
+    parts = text.strip().split(":")
+    method = parts[0]
+    if method not in METHODS:
+        raise ConfigError(f"{OPTION} {text!r}: unknown method {method!r}; use one of {', '.join(METHODS)}")
+    kv = {}
+    for part in parts[1:]:
+        key, eq, value = part.partition("=")
+        if not eq or key not in _KEYS:
+            raise ConfigError(f"{OPTION} {text!r}: {part!r} is not one of {', '.join(k + '=' for k in _KEYS)}")
+        if key in kv:
+            raise ConfigError(f"{OPTION} {text!r}: {key}= given twice")
+        kv[key] = value
+    if "k" not in kv:
+        raise ConfigError(f"{OPTION} {text!r}: give the draft length k=K (K >= 1)")
+    k = _number("k", kv["k"], text, int)
+    if k < 1:
+        raise ConfigError(f"{OPTION} {text!r}: k={k} must be >= 1 (draft tokens per step)")
+    if k > 16:
+        raise ConfigError(f"{OPTION} {text!r}: k={k} is beyond 16 draft tokens; engines run 1-8")
+    delta = _number("delta", kv.get("delta", "1"), text)
+    if not 0.0 < delta <= 1.0:
+        raise ConfigError(f"{OPTION} {text!r}: delta={delta:g} must be in (0, 1] (a_i = A delta^(i-1))")
+    if "acceptance" in kv and "acceptance_length" in kv:
+        raise ConfigError(f"{OPTION} {text!r}: give acceptance= or acceptance_length=, not both")
+    if "acceptance_length" in kv:
+        length = _number("acceptance_length", kv["acceptance_length"], text)
+        top = expected_tokens(1.0, delta, k)
+        if not 1.0 < length <= top + 1e-12:
+            raise ConfigError(f"{OPTION} {text!r}: acceptance_length={length:g} must be in (1, {top:g}] for k={k}"
+                              + (f", delta={delta:g}" if delta != 1.0 else "") + " (tokens per verification step)")
+        a = acceptance_for_length(length, delta, k)
+    elif "acceptance" in kv:
+        a = _number("acceptance", kv["acceptance"], text)
+        if not 0.0 < a <= 1.0:
+            raise ConfigError(f"{OPTION} {text!r}: acceptance={a:g} must be in (0, 1]")
+    elif method == "mtp":
+        a = MTP_ACCEPTANCE
+    else:
+        raise ConfigError(f"{OPTION} {text!r}: {method} needs acceptance=A (0 < A <= 1) or acceptance_length=L")
+    draft = kv.get("draft")
+    if method == "draft" and not draft:
+        raise ConfigError(f"{OPTION} {text!r}: the draft method needs draft=MODEL (a smaller model of the same "
+                          "vocabulary, e.g. llama-3.1-8b for llama-3.1-70b)")
+    if method != "draft" and draft:
+        raise ConfigError(f"{OPTION} {text!r}: draft=MODEL is for the draft method; {method} drafts with "
+                          f"{'no model' if method == 'ngram' else 'a head of the target'}")
+    return Speculative(method, k, a, delta, draft, text.strip())
+
+
+def draft_model(spec: Speculative, target):
+    """The model whose forwards draft: the draft model, or the one-layer head of eagle / mtp (None for
+    ngram). A draft model larger than the target is an error."""
+    from ..config.model import load_model
+    if spec.method == "ngram":
+        return None
+    if spec.method == "draft":
+        d = load_model(spec.draft)
+        if d.param_count() >= target.param_count():
+            raise InfeasibleError(f"{OPTION} {spec.text!r}: draft model {d.name} ({d.param_count() / 1e9:.1f}B "
+                                  f"parameters) is not smaller than the target {target.name} "
+                                  f"({target.param_count() / 1e9:.1f}B); use a smaller draft model")
+        if d.vocab_size != target.vocab_size:
+            raise ConfigError(f"{OPTION} {spec.text!r}: draft model {d.name} has a vocabulary of {d.vocab_size:,}, "
+                              f"the target {target.name} {target.vocab_size:,}; a draft must share the target's")
+        return d
+    if spec.method == "mtp":
+        if target.moe is not None:
+            moe = dataclasses.replace(target.moe, first_moe_layer=0, moe_layer_freq=1, moe_layers=())
+            return dataclasses.replace(target, name=f"{target.name}-mtp", num_layers=1, moe=moe)
+        return dataclasses.replace(target, name=f"{target.name}-mtp", num_layers=1)
+    # eagle: one dense decoder layer of the target's width (its dense FFN width)
+    return dataclasses.replace(target, name=f"{target.name}-eagle", num_layers=1, moe=None)
+
+
+def draft_layout(spec: Speculative, layout):
+    """The draft runs on the target's GPUs: the same TP and DP attention, no pipeline; a one-layer head
+    keeps the target's EP, a draft model (usually dense) none."""
+    ep = layout.ep if spec.method == "mtp" else 1
+    return dataclasses.replace(layout, pp=1, ep=ep, attn_dp=layout.attn_dp if ep > 1 else 1)
+
+
+def verify_aggregates(n: float, ctx: float, k: int):
+    """Batch aggregates (iteration_components_nb's order) of verifying ``n`` sequences at context
+    ``ctx``: a chunk of K + 1 tokens each after ctx cached tokens, every position sampled."""
+    q = k + 1.0
+    return n * q, n, n * q, n * q * (ctx + (q + 1.0) / 2.0), n * (ctx + q), 0.0, 0.0
+
+
+def price_step(rc, spec: Speculative, n: int, ctx: int, draft_rc=None) -> dict:
+    """One speculative decode step of ``n`` sequences at context ``ctx`` on the lowered target replica
+    ``rc``: draft and verification time (s), the expected tokens per sequence, the time per token and
+    the plain decode step it replaces. ``draft_rc``: the lowered draft (`lower_draft`)."""
+    from .iteration import _gemm_nb, iteration_components_nb
+    if draft_rc is None:
+        draft_rc = lower_draft(rc, spec)
+    plain = iteration_components_nb(rc.params, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
+    verify = iteration_components_nb(rc.params, *verify_aggregates(float(n), float(ctx), spec.k)).latency
+    draft = 0.0
+    if draft_rc is not None:
+        p = draft_rc.params
+        m = float(n) if p.attn_dp > 1.0 or rc.params.attn_dp <= 1.0 else float(math.ceil(n / rc.params.attn_dp))
+        for i in range(spec.k):
+            r = iteration_components_nb(p, 0.0, 0.0, m, 0.0, 0.0, m, m * (ctx + 1.0 + i))
+            draft += r.gemm + r.attention + r.elementwise + r.communication   # inside the target's step
+            if spec.method in ("eagle", "mtp"):       # the 2h -> h projection of [hidden; embedding]
+                draft += _gemm_nb(p, m / max(p.attn_dp, 1.0), 2.0 * p.hidden, p.hidden)
+    e = spec.expected_tokens
+    return {"method": spec.method, "k": spec.k, "acceptance": spec.acceptance, "delta": spec.delta,
+            "expected_tokens": e, "draft_s": draft, "verify_s": verify, "step_s": draft + verify,
+            "per_token_s": (draft + verify) / e, "plain_step_s": plain,
+            "speedup": plain / ((draft + verify) / e) if draft + verify > 0 else 0.0}
+
+
+def lower_draft(rc, spec: Speculative):
+    """The draft's lowered replica on the target's hardware, engine and layout (None for ngram)."""
+    from . import build_replica
+    d = draft_model(spec, rc.model)
+    if d is None:
+        return None
+    lay = draft_layout(spec, rc.layout)
+    return build_replica(d, rc.hw, lay, 1.0, max_tokens=256, max_seqs=256, engine=rc.engine)
+
+
+__all__ = ["lower_draft", "price_step", "verify_aggregates", "FORM", "METHODS", "MTP_ACCEPTANCE", "Speculative", "acceptance_for_length", "draft_layout",
+           "draft_model", "expected_tokens", "parse_speculative"]
