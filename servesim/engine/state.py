@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import codes as C
+from ..workload.chains import Chains  # noqa: F401  (a kernel input: built by the workload's chain builder)
 from .nextevent import new_tree
 
 INF = math.inf
@@ -57,15 +58,6 @@ class Pools(NamedTuple):
     weight: np.ndarray          # router weight (capacity per replica)
     link_bw: np.ndarray         # (P, P) achieved B/s between a GPU of pool a and one of pool b
     link_alpha: np.ndarray      # (P, P) s
-
-
-class Chains(NamedTuple):
-    """Prefix-cache block ids per request (equal id: equal content) and session turns (POOLS.md)."""
-    start: np.ndarray
-    length: np.ndarray
-    ids: np.ndarray
-    next_turn: np.ndarray       # the session's next request (-1: none)
-    think: np.ndarray           # s from the previous turn's end to this request's send
 
 
 class EngineOutput(NamedTuple):

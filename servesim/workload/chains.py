@@ -16,10 +16,20 @@ min(holding_i, second-largest holding of its stream) blocks (cut at its last sha
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from servesim.engine.state import Chains
 from servesim.errors import ConfigError
+
+
+class Chains(NamedTuple):
+    """Prefix-cache block ids per request (equal id: equal content) and session turns (POOLS.md)."""
+    start: np.ndarray
+    length: np.ndarray
+    ids: np.ndarray
+    next_turn: np.ndarray       # the session's next request (-1: none)
+    think: np.ndarray           # s from the previous turn's end to this request's send
 
 
 def block_chains(requests, block_size) -> Chains:
