@@ -6,9 +6,12 @@ running set and micro-batch slots, `max_num_seqs` wide, and its prefix-cache fla
 system prompt). Both were measured as the growth of the peak resident set (`ru_maxrss`) over a
 warm process:
 
-- per request: 290 B, plus ~45 MB once (the workload's trace, the libraries the metrics load): a
-  line through 1e5, 3e5 and 1e6 requests (llama-3.1-8b, chat workload, 16 replicas; 74, 130 and
-  334 MB); `BYTES_PER_REQUEST` and `RUN_BASE_BYTES` round them up;
+- per request: 450 B, plus ~45 MB once (the workload's trace, the libraries the metrics load): 180
+  MB of growth at 3e5 requests (llama-3.1-8b, chat workload, 16 replicas; measured 2026-12-06 by
+  tests/test_reliability_memory.py, with the ~45 MB of a line through 1e5, 3e5 and 1e6 requests
+  measured 2026-12-03, which then gave 290 B per request: the summary's metrics have grown since;
+  the engine's record arrays and feature-shaped state changed it by under 10 B per request, measured
+  against the engine before them); `BYTES_PER_REQUEST` and `RUN_BASE_BYTES` round them up;
 - per replica: 6.25 KB at `max_num_seqs` 256, PP = 1 (2e4 and 1e5 replicas, 1000 requests), which
   is 8 B x `max_num_seqs` x (1 + 2 PP) (running set, micro-batch requests and chunks) + ~110 B of
   scalars per replica, as the kernel allocates them.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-BYTES_PER_REQUEST = 320
+BYTES_PER_REQUEST = 480
 RUN_BASE_BYTES = 64 * 2**20
 BYTES_PER_REPLICA_SCALARS = 128
 MAX_SWEEP_POINTS = 100_000       # simulations in one sweep or plan; each is a full simulation
