@@ -130,13 +130,16 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     if not open_loop:    # offline / closed loop: no offered load; to the last completion of a measured request
         t1 = float(done.finish_s.max()) if len(done) else end
     window = max(t1 - t0, 1e-12)
-    finished = df[df.status == "done"]
-    delivered = finished[(finished.finish_s >= t0) & (finished.finish_s <= t1)] if open_loop else done
+    fin = (df.status == "done").to_numpy()
+    delivered = done
+    if open_loop:     # the columns the rates and goodput read, of the requests completing in the window
+        f = df.finish_s.to_numpy()
+        delivered = df.loc[fin & (f >= t0) & (f <= t1), _RATE_COLUMNS + (_SLO_COLUMNS if slo else [])]
     thr = _throughput(delivered, t0, window, n_gpus)
     if open_loop:
         thr["offered_requests_per_s"] = len(measured) / window
-    thr |= {"window_s": [t0, t1], "whole_run": _whole_run(df, finished)}
-    drain = _drain(df, finished, t1) if open_loop else None
+    thr |= {"window_s": [t0, t1], "whole_run": _whole_run(df, fin)}
+    drain = _drain(df, fin, t1) if open_loop else None
     usd_h = usd_per_gpu_hour * n_gpus if usd_per_hour is None else usd_per_hour
     def per_million(tok_s):
         return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
@@ -334,25 +337,33 @@ def _throughput_ci(done: pd.DataFrame, t0: float, window: float, n_gpus: int) ->
     return {k: [None if v[0] is None else max(v[0], 0.0), v[1]] for k, v in out.items()}
 
 
-def _whole_run(df: pd.DataFrame, finished: pd.DataFrame) -> dict:
+_RATE_COLUMNS = ["finish_s", "prompt_tokens", "output_tokens"]
+_SLO_COLUMNS = ["ttft_s", "tpot_s", "e2e_s", "queue_s", "max_gap_s"]     # what meets_slo reads
+
+
+def _whole_run(df: pd.DataFrame, fin: np.ndarray) -> dict:
     """The rates as serving benchmarks report them (vLLM's benchmark_serving.py, trtllm-bench): every
-    completion over the whole run, first send to last completion, the drain included."""
-    sent = df.arrival_s[np.isfinite(df.arrival_s)]
-    span = float(finished.finish_s.max() - sent.min()) if len(finished) and len(sent) else 0.0
-    span = max(span, 1e-12)
-    in_tok, out_tok = float(finished.prompt_tokens.sum()), float(finished.output_tokens.sum())
-    return {"requests_per_s": len(finished) / span, "input_tokens_per_s": in_tok / span,
+    completion (``fin``: the done requests) over the whole run, first send to last completion, the
+    drain included."""
+    arrival = df.arrival_s.to_numpy()
+    sent = arrival[np.isfinite(arrival)]
+    f = df.finish_s.to_numpy()[fin]
+    span = max(float(f.max() - sent.min()) if f.size and sent.size else 0.0, 1e-12)
+    in_tok = float(df.prompt_tokens.to_numpy()[fin].sum())
+    out_tok = float(df.output_tokens.to_numpy()[fin].sum())
+    return {"requests_per_s": f.size / span, "input_tokens_per_s": in_tok / span,
             "output_tokens_per_s": out_tok / span, "total_tokens_per_s": (in_tok + out_tok) / span,
             "duration_s": span}
 
 
-def _drain(df: pd.DataFrame, finished: pd.DataFrame, t1: float) -> dict:
+def _drain(df: pd.DataFrame, fin: np.ndarray, t1: float) -> dict:
     """After the offered load ends (t1): how long the run took to finish and what it finished then."""
-    after = finished[finished.finish_s > t1]
-    last = float(finished.finish_s.max()) if len(finished) else t1
-    return {"start_s": t1, "duration_s": max(last - t1, 0.0), "requests": int(len(after)),
-            "output_tokens": int(after.output_tokens.sum()),
-            "arrivals": int((df.arrival_s > t1).sum())}
+    f = df.finish_s.to_numpy()
+    after = fin & (f > t1)
+    last = float(f[fin].max()) if fin.any() else t1
+    return {"start_s": t1, "duration_s": max(last - t1, 0.0), "requests": int(after.sum()),
+            "output_tokens": int(df.output_tokens.to_numpy()[after].sum()),
+            "arrivals": int((df.arrival_s.to_numpy() > t1).sum())}
 
 
 def _sessions(df: pd.DataFrame, measured: pd.DataFrame, delivered: pd.DataFrame, window: float) -> dict | None:
@@ -476,7 +487,7 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
         return np.clip(k, 0, len(stages) - 1)
 
     k_all, k_meas, k_done = stage_of(df), stage_of(measured), stage_of(done)
-    finished = df[df.status == "done"]
+    finished = df.loc[(df.status == "done").to_numpy(), _RATE_COLUMNS + _SLO_COLUMNS]
     out = []
     for k, (rate, dur) in enumerate(stages):
         start = float(starts[k])

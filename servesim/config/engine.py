@@ -269,7 +269,8 @@ def provenance(engine: EngineProfile, hw, moe: bool = True) -> dict:
     """Where a run's efficiencies come from, for the summary (``config.fit``) and ``plan``:
     ``hardware``: "measured" (the profile's own [efficiency]) or "borrowed from X (datasheet
     extrapolation)"; ``engine``: "fitted on X" or "borrowed from X (datasheet extrapolation)";
-    ``carried``: terms of the table not fitted on its GPU; ``measured``: none of it borrowed.
+    ``carried``: the terms of the table not fitted on its GPU, "; "-joined ("" none); ``measured``:
+    none of it borrowed.
     ``moe``: count the fused-MoE terms (a MoE model)."""
     fit = engine.fit_for(hw)
     extrapolated = f"datasheet extrapolation to {hw.name}"
@@ -277,7 +278,7 @@ def provenance(engine: EngineProfile, hw, moe: bool = True) -> dict:
     eng = (f"borrowed from {fit.borrowed_from} ({extrapolated})" if fit.borrowed_from
            else f"fitted on {hw.name}")
     carried = carried_terms(fit, moe)
-    return {"hardware": hw_src, "engine": eng, "carried": carried,
+    return {"hardware": hw_src, "engine": eng, "carried": "; ".join(carried),
             "measured": bool(hw.own_efficiency and not fit.borrowed_from and not carried),
             "text": f"{hw.name} efficiencies {hw_src}; {engine.name} kernels {eng}"
                     + "".join(f"; {c}" for c in carried)}
