@@ -197,7 +197,8 @@ def run_gemm(gpu: str, hw, out_rows: list, fitted: dict) -> dict:
         part["pred_s"], _ = ek.cross_validate(part, folds, lambda tr: rnd(quietly(ek.fit_gemm_fp8, tr, hw, gemm)),
                                               lambda te, p: ek.predict_gemm(te, hw, gemm, p))
         out_rows.append(summarise(part, gpu, engine, "GEMM fp8",
-                                  f"held out: {FOLDS}-fold by shape, + gemm_fp8_max, gemm_fp8_latency_us"))
+                                  f"held out: {FOLDS}-fold by shape, + gemm_fp8_max, gemm_fp8_latency_us, "
+                                  "gemm_fp8_quant_bytes"))
         DIAG[(gpu, engine, "fp8")] = part
     return gemms
 
@@ -271,6 +272,9 @@ def run_moe(gpu: str, hw, engine: str, gemm: dict, out_rows: list, fitted: dict)
         cls = f"fused MoE {dtype}"
         DIAG[(gpu, engine, "moe", dtype)] = part
         out_rows.append(summarise(part, gpu, engine, cls, f"held out: {FOLDS}-fold by (hidden, inter, experts, topk)"))
+        # the same held-out predictions at decode batches (1-512 tokens: issue #23's MoE decode target)
+        out_rows.append(summarise(part[part["tokens"] <= 512], gpu, engine, cls,
+                                  f"held out: decode (1-512 tokens), {FOLDS}-fold by shape"))
         out_rows.append(summarise(part.assign(pred_s=ek.predict_moe(part, hw, gemm, params)), gpu, engine, cls,
                                   "fitted (all shapes)"))
     outside = frame[~frame["in_range"]]
@@ -638,6 +642,10 @@ ENGINE_SOURCE = ("experiments/fit_engine_kernels.py on the AIConfigurator {engin
                  "experiments/results/engine_kernels_validation.md; "
                  "launch_us: the eager PyTorch launch gap (Vidur)")
 HOST_KEYS = ("host_step_us", "host_per_seq_us")
+# vLLM's fp8 activation quantisation when serving (per-token dynamic or static scale): one pass over X[m, k],
+# 2 bytes read and 1 written per element (vllm csrc/quantization/fp8: dynamic_per_token_scaled_fp8_quant,
+# static_scaled_fp8_quant)
+SERVING_QUANT_BYTES = 3.0
 
 
 def write_engine_profiles(fit: dict) -> None:
@@ -659,7 +667,7 @@ def write_engine_profiles(fit: dict) -> None:
                 notes.append("launch_us: h100-sxm's (no eager timings of this GPU; a host-side figure)")
             h100 = fit["h100-sxm"][engine]
             if "gemm_fp8_max" not in vals:
-                vals.update(gemm_fp8_max=h100["gemm_fp8_max"], gemm_fp8_latency_us=h100["gemm_fp8_latency_us"])
+                vals.update({k: h100[k] for k in ek.GEMM_FP8_PARAMS})
                 notes.append("fp8 keys: h100-sxm's (no fp8 tensor cores; unused)")
             if "moe_efficiency" not in vals:
                 vals.update({k: h100[k] for k in h100 if k.startswith("moe_")})
@@ -679,10 +687,20 @@ def write_engine_profiles(fit: dict) -> None:
                 vals.update({k: h[k] for k in ("graph_overlap", "host_step_us", "host_per_seq_us", "frontend_us")})
                 notes.append("graph_overlap, host_step_us, host_per_seq_us, frontend_us: h100-sxm's end-to-end fit "
                              "carried over (host-side and per-step terms; no end-to-end data on this GPU)")
+            if engine == "vllm" and "gemm_fp8_quant_bytes" in vals:
+                # the tables' fp8 rows quantise the activation per tensor, dynamically (a global max, then the
+                # quantise kernel): the fitted bytes per element; vLLM serves fp8 checkpoints with a static
+                # scale or per-token dynamic scales, quantised in one pass: 2 bytes read, 1 written
+                notes.append(f"gemm_fp8_quant_bytes: {SERVING_QUANT_BYTES:g}, not the fitted "
+                             f"{vals['gemm_fp8_quant_bytes']:g} of the tables' dynamic per-tensor quantisation: "
+                             "serving checkpoints quantise per token or with a static scale, one pass (read 2 bytes, "
+                             "write 1)")
+                vals["gemm_fp8_quant_bytes"] = SERVING_QUANT_BYTES
             if engine == "trtllm":
                 # the published TensorRT-LLM results ran TensorRT engines, which fuse the fp8 activation
                 # quantisation into the producing kernel; the tables' 1.x PyTorch flow runs it on its own
                 vals["gemm_fp8_latency_us"] = vals["gemm_latency_us"]
+                vals["gemm_fp8_quant_bytes"] = 0.0
                 # nor are their fp8 GEMMs in the data (the 1.x flow's scaled_mm reaches 0.56 of the fp8 peak):
                 # they are taken at the bf16 GEMMs' fraction of their own peak, the previous model's assumption,
                 # which the held-out FP8 throughput rows test (README, "Published TensorRT-LLM results")

@@ -56,7 +56,13 @@ def main():
             md.append(f"| {r['class']} | {r['kind']} | {r['batch']} | {r['n']} | {pct(r['median'])}{flag} | "
                       f"{pct(r['max'])} | {spct(r['signed'])} |")
         md.append("")
-    md += ["## Not in the tables", "",
+    miss = f[~np.isfinite(f["error"]) & (f["class"] != "elementwise")]
+    md += ["## Not in the tables", "", "Rows the tables cannot price, by class (KV heads per GPU beyond the attention "
+           "tables' 8, MLA, MoE shapes not measured, all-reduce messages above the custom kernel's 8 MiB, which vLLM "
+           "0.15.1 sends to its symmetric-memory all-reduce):", "",
+           "| gpu | class | rows |", "|---|---|---:|"]
+    md += [f"| {h} | {c} | {n} |" for (h, c), n in miss.groupby(["hardware", "class"]).size().items()]
+    md += ["",
            "Elementwise kernels (norms, rope, activation, residual adds) have no AIConfigurator table; the model "
            "prices them from the hardware profile's fitted bandwidth fractions. Their share of a step, median over "
            "the compared steps:", ""]

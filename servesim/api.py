@@ -79,12 +79,13 @@ def resolve(cfg: SimConfig, hw=None) -> tuple[SimConfig, object, object, object]
         filled = replace(filled, dtype=model.checkpoint_dtype)
     hw = hw if hw is not None else load_hardware(filled.hardware)
     workload = with_shared_prefix(load_workload(filled.workload), filled.num_system_prompts,
-                                  filled.users_per_system_prompt, filled.system_prompt_len)
+                                  filled.users_per_system_prompt, filled.system_prompt_len, filled.question_per)
     workload = with_sessions(workload, filled.turns_per_session, filled.think_time)
     sp = workload.shared_prefix
     if sp is not None:
         filled = replace(filled, num_system_prompts=sp.num_system_prompts,
-                         users_per_system_prompt=sp.users_per_system_prompt, system_prompt_len=sp.system_prompt_len)
+                         users_per_system_prompt=sp.users_per_system_prompt, system_prompt_len=sp.system_prompt_len,
+                         question_per=sp.question_per)
     check_resolved(cfg, filled, model)
     return filled, model, hw, workload
 
@@ -144,6 +145,8 @@ def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
     for name in _PARALLEL_OPTIONS:
         if getattr(given, name) == getattr(SimConfig(), name):
             del config[name]
+    if config.get("question_per") is None:      # no shared prefix: the JSON of such runs stays as it was
+        del config["question_per"]
     if not pools:
         for name in _POOL_OPTIONS:
             if getattr(given, name) in (None, ()):
@@ -170,11 +173,13 @@ def engine_options(cfg: SimConfig, window=None) -> EngineOptions:
 
 def _uses_pools(cfg: SimConfig, reqs) -> bool:
     """Run the pools kernel (`engine.run.run_pools`): pools given, or a feature only it has (a CPU tier,
-    the prefix-aware router, sessions); else today's single-pool kernel (`--layerwise-transfer` and
+    the prefix-aware router, sessions, prompts re-sent per user); else today's single-pool kernel (`--layerwise-transfer` and
     `--kv-link` do nothing without prefill and decode pools: a warning)."""
     sessions = getattr(reqs, "next_turn", None)
+    users = getattr(reqs, "prefix_user", None)      # prompts re-sent per user: the workload's chains
     return bool(cfg.pool) or cfg.cpu_kv_gib > 0 or cfg.router == "prefix-aware" or \
-        (sessions is not None and bool(np.any(np.asarray(sessions) >= 0)))
+        (sessions is not None and bool(np.any(np.asarray(sessions) >= 0))) or \
+        (users is not None and cfg.prefix_caching is not False and bool(np.any(np.asarray(users) >= 0)))
 
 
 def _chains(cfg: SimConfig, reqs):
@@ -241,6 +246,8 @@ def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profi
              "weights_gib_per_gpu": lp.cost.memory.weight_bytes / 2**30}
             for k, lp in enumerate(lowered)]
     config_extra = {"num_gpus": n_gpus, "pools": meta}
+    if not cfg.pool:     # the single-pool options run here (sessions, re-sent prompts): their config fields too
+        config_extra |= {"engine_fit": meta[0]["engine_fit"], "kv_blocks_per_replica": lowered[0].num_blocks}
     return summary_args, config_extra, out, df
 
 

@@ -175,6 +175,11 @@ class SimConfig:
                                               "request's user is drawn at random.")
     users_per_system_prompt: int | None = opt(None, "int", ge=1, help="Users sharing each system prompt (default 1).")
     system_prompt_len: int | None = opt(None, "int", ge=1, help="Tokens of each shared system prompt.")
+    question_per: str | None = opt(None, "choice", choices=("user", "request"),
+                                   help="Shared prefix: one question per user, re-sent every time (its whole "
+                                        "prompt a prefix-cache hit after its first request, as in the shipped "
+                                        "vLLM benchmark), or a fresh question per request (default: the "
+                                        "workload's, else user).")
     question_len: int | None = opt(None, "int", ge=1,
                                    help="Fixed question tokens after the system prompt (default: the workload's "
                                         "prompt lengths).")

@@ -42,8 +42,9 @@ def _daily(d: dict) -> str:
 def _workload(c: dict) -> str:
     if not c.get("system_prompt_len"):
         return f"workload {c['workload']}"
+    per = {"user": ", one question per user", "request": ", a question per request"}.get(c.get("question_per"), "")
     return (f"workload {c['workload']} with {c['num_system_prompts']} shared system prompts of "
-            f"{c['system_prompt_len']} tokens x {c['users_per_system_prompt']} users")
+            f"{c['system_prompt_len']} tokens x {c['users_per_system_prompt']} users{per}")
 
 
 def _stage_lines(stages: list) -> list[str]:

@@ -7,13 +7,14 @@ from servesim.workload import Requests, build_requests, load_workload
 from servesim.workload.chains import block_chains
 
 
-def reqs(prompt, output, group=None, plen=None, session=None, turn=None, next_turn=None, think=None):
+def reqs(prompt, output, group=None, plen=None, session=None, turn=None, next_turn=None, think=None, user=None):
     n = len(prompt)
 
     def arr(x, fill, dt=np.int64):
         return np.asarray(x if x is not None else [fill] * n, dtype=dt)
     return Requests(np.zeros(n), arr(prompt, 0), arr(output, 0), arr(group, -1), arr(plen, 0),
-                    arr(session, -1), arr(turn, 0), arr(next_turn, -1), arr(think, 0.0, np.float64))
+                    arr(session, -1), arr(turn, 0), arr(next_turn, -1), arr(think, 0.0, np.float64),
+                    None if user is None else arr(user, -1))
 
 
 def chains(c):
@@ -47,6 +48,42 @@ def test_prefix_groups_with_a_larger_block():
     r = reqs(prompt=[100, 80, 50, 200, 70, 21, 90], output=[10] * 7,
              group=[0, 1, 0, -1, 1, 1, 2], plen=[40, 64, 40, 0, 64, 20, 64])
     assert chains(block_chains(r, 32)) == ["a", "bc", "a", "", "bc", "", ""]
+
+
+def test_users_resending_their_prompt_share_it_after_the_system_prompt():
+    # block size 16, group 0's system prompt 40 tokens (2 full blocks: a, b). Users 0 and 1 are in
+    # group 0; user 0 re-sends a 100-token prompt (6 full blocks: a, b + 4 of its own), user 1 a
+    # 70-token one (4 blocks) but only once, so only the group's 2 are listed for it. Request 4
+    # (user 0, prompt cut to 60 tokens: 3 full blocks) holds a, b and the user's first block.
+    # Request 5 (user 2, group 1, system prompt 10 tokens: no full block) re-sends 50 tokens
+    # (3 blocks, all its user's own)
+    r = reqs(prompt=[100, 70, 100, 50, 60, 50], output=[10] * 6, group=[0, 0, 0, 1, 0, 1],
+             plen=[40, 40, 40, 10, 40, 10], user=[0, 1, 0, 2, 0, 2])
+    assert chains(block_chains(r, 16)) == ["abcdef", "ab", "abcdef", "ghi", "abc", "ghi"]
+    # without users (a fresh question per request) only the system prompts are shared
+    r = reqs(prompt=[100, 70, 100, 50, 60, 50], output=[10] * 6, group=[0, 0, 0, 1, 0, 1],
+             plen=[40, 40, 40, 10, 40, 10])
+    assert chains(block_chains(r, 16)) == ["ab", "ab", "ab", "", "ab", ""]
+
+
+def test_question_per_user_workload():
+    wl = load_workload("chat")
+    from servesim.workload.spec import with_shared_prefix
+    per_user = with_shared_prefix(wl, 3, 4, 100)
+    r = build_requests(per_user, 400, seed=2)
+    assert r.prefix_user is not None and set(np.unique(r.prefix_user)) <= set(range(12))
+    np.testing.assert_array_equal(r.prefix_group, r.prefix_user // 4)
+    for u in np.unique(r.prefix_user):       # one prompt per user
+        assert np.unique(r.prompt[r.prefix_user == u]).size == 1
+    assert np.unique(r.prompt).size > 1      # drawn from the workload's lengths, per user
+    per_request = build_requests(with_shared_prefix(wl, 3, 4, 100, question_per="request"), 400, seed=2)
+    assert per_request.prefix_user is None
+    np.testing.assert_array_equal(per_request.prefix_group, r.prefix_group)   # the same users
+    np.testing.assert_array_equal(per_request.output, r.output)              # and outputs
+    with pytest.raises(ConfigError, match="--question-per 'each'"):
+        with_shared_prefix(wl, 3, 4, 100, question_per="each")
+    with pytest.raises(ConfigError, match="--question-per request: needs a shared prefix"):
+        with_shared_prefix(wl, question_per="request")
 
 
 def session3():

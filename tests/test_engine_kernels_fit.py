@@ -47,9 +47,18 @@ def test_gemm_fit_recovers_known_parameters():
 
 def test_fp8_fit_recovers_known_parameters():
     f = synthetic_gemm().assign(dtype="fp8")
-    true8 = {"gemm_fp8_max": 0.55, "gemm_fp8_latency_us": 6.0}
+    true8 = {"gemm_fp8_max": 0.55, "gemm_fp8_latency_us": 6.0, "gemm_fp8_quant_bytes": 12.0}
     f["time_s"] = ek.predict_gemm(f, H100, TRUE_GEMM, true8)
     close(quiet(ek.fit_gemm_fp8, f, H100, TRUE_GEMM), true8)
+
+
+def test_fp8_quantisation_is_a_term_in_m_k_apart_from_the_gemm():
+    # by hand: the quantisation adds m k q / (hbm_bw gemm_hbm_fraction) to the fp8 GEMM alone
+    f = pd.DataFrame([{"m": 4096.0, "n": 8192.0, "k": 4096.0, "dtype": "fp8"}])
+    base = {"gemm_fp8_max": 0.7, "gemm_fp8_latency_us": 5.0}
+    t0 = ek.predict_gemm(f, H100, TRUE_GEMM, {**base, "gemm_fp8_quant_bytes": 0.0})[0]
+    t1 = ek.predict_gemm(f, H100, TRUE_GEMM, {**base, "gemm_fp8_quant_bytes": 5.0})[0]
+    assert t1 - t0 == pytest.approx(4096 * 4096 * 5.0 / (H100.hbm_bw * TRUE_GEMM["gemm_hbm_fraction"]), rel=1e-9)
 
 
 def test_attention_fits_recover_known_parameters():

@@ -122,12 +122,17 @@ def test_api_lowers_every_pool_and_sums_gpus_and_price(monkeypatch):
     seen = {}
     monkeypatch.setattr(engine_run, "run_pools", _fake_run_pools(seen), raising=False)
     res = api.simulate(pool=("h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"), num_requests=20, rate=2.0,
-                       isl=300, osl=20, num_system_prompts=2, system_prompt_len=64)
+                       isl=300, osl=20, num_system_prompts=2, system_prompt_len=64, question_per="request")
     cfg, pools, chains = seen["cfg"], seen["pools"], seen["chains"]
     assert cfg.replicas == 3 and cfg.prefix_caching == 1 and cfg.layerwise == 0
     assert pools.role.tolist() == [C.PREFILL, C.DECODE] and pools.first.tolist() == [0, 2]
     # the shared 64-token system prompt: 4 blocks of 16 in every request's chain
     assert chains.length.tolist() == [4] * 20
+    # one question per user (the default): each of the 2 users re-sends its 300-token prompt, whose
+    # 300 // 16 = 18 full blocks are in every chain
+    api.simulate(pool=("h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"), num_requests=20, rate=2.0,
+                 isl=300, osl=20, num_system_prompts=2, system_prompt_len=64)
+    assert seen["chains"].length.tolist() == [18] * 20
     s = res.summary
     # 2 x 1 h100-sxm at $4.25 + 1 x 2 a100-sxm-80gb at $2.21 (hardware_profiles/*.toml)
     assert s["config"]["num_gpus"] == 4
@@ -234,6 +239,18 @@ def test_prefix_hit_rate_on_shared_prompts_by_hand():
     request but the first of each group hits its 512 tokens (32 full blocks of 16), so the hit rate is
     (300 - 4) x 512 / (300 x 1024)."""
     s = api.simulate(num_requests=300, seed=1, rate=2.0, isl=1024, osl=32, num_system_prompts=4,
-                     system_prompt_len=512, users_per_system_prompt=8, pool=("h100-sxm:tp1:x1",)).summary
+                     system_prompt_len=512, users_per_system_prompt=8, pool=("h100-sxm:tp1:x1",),
+                     question_per="request").summary
     assert s["prefix_cache"]["lookup_tokens"] == 300 * 1024
     assert s["prefix_cache"]["hit_rate"] == pytest.approx((300 - 4) * 512 / (300 * 1024), abs=0.01)
+
+
+def test_prefix_hit_rate_on_prompts_resent_per_user_by_hand():
+    """As above with one question per user: 32 users (all drawn in 300 requests) each re-send one
+    1024-token prompt. A user's later requests hit all of it but the block holding the last token
+    (1008 tokens: vLLM recomputes the last prompt token), its first request only the group's 512-token
+    system prompt, unless it is the group's first request too (4 of them hit nothing)."""
+    s = api.simulate(num_requests=300, seed=1, rate=2.0, isl=1024, osl=32, num_system_prompts=4,
+                     system_prompt_len=512, users_per_system_prompt=8, pool=("h100-sxm:tp1:x1",)).summary
+    hits = (300 - 32) * 1008 + (32 - 4) * 512
+    assert s["prefix_cache"]["gpu_hits"] == hits

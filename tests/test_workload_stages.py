@@ -149,11 +149,15 @@ def test_shared_prefix_arrays():
 
 def test_shared_prefix_questions_from_workload_and_isl():
     chat = load_workload("chat")
-    spec = with_shared_prefix(chat, num_system_prompts=3, system_prompt_len=50)
+    spec = with_shared_prefix(chat, num_system_prompts=3, system_prompt_len=50, question_per="request")
     assert spec.shared_prefix.users_per_system_prompt == 1
     plain = build_requests(chat, 500, 2)
     r = build_requests(spec, 500, 2)
     np.testing.assert_array_equal(r.prompt, 50 + plain.prompt)   # the workload's prompts become questions
+    # one question per user (the default): the 3 users' prompts, each 50 + a length of the workload's
+    per_user = build_requests(with_shared_prefix(chat, num_system_prompts=3, system_prompt_len=50), 500, 2)
+    assert np.unique(per_user.prompt).size <= 3 and np.all(per_user.prompt > 50)
+    np.testing.assert_array_equal(per_user.output, plain.output)
     np.testing.assert_array_equal(r.output, plain.output)
     np.testing.assert_array_equal(r.arrival, plain.arrival)
     total = build_requests(spec, 500, 2, isl=80)

@@ -24,8 +24,11 @@ token count, as the engine does, on both sides. The MoE rows of the tables use a
 uniform random routing instead.
 
 A row is ``None`` (not compared) where the table cannot price it: KV heads per GPU beyond the
-attention tables' 8, MLA attention (tables not shipped), MoE shapes absent from the table, or a
-GPU without the table. ``experiments/step_table.py`` writes the report.
+attention tables' 8, MLA attention (tables not shipped), MoE shapes absent from the table, an
+all-reduce above the custom kernel's limit (8 MiB: vLLM 0.15.1 runs its symmetric-memory all-reduce
+there, which the tables do not measure), or a GPU without the table. Fused MoE between two of the
+table's token counts is compared with the model interpolated between the same two counts (both
+sides linear; the kernel's tile steps in between are in neither). ``experiments/step_table.py`` writes the report.
 """
 from __future__ import annotations
 
@@ -136,6 +139,11 @@ class Tables:
             return math.nan
         return _interp(*self.moe[key], (tokens,))
 
+    def moe_tokens(self, hidden: float, inter: float, experts: float, topk: float, tp: float):
+        """The token counts the MoE table measured for this shape (None: not in the table)."""
+        key = (float(hidden), float(inter), float(experts), float(topk), float(tp))
+        return self.moe[key][0][0] if key in self.moe else None
+
 
 @functools.lru_cache(maxsize=None)
 def load_tables(gpu: str, engine: str = "vllm") -> Tables:
@@ -200,6 +208,16 @@ def _gemm_shapes(p) -> list:
     return shapes
 
 
+def _moe_model(p, m: float) -> float:
+    """One layer's routed experts over m tokens at balanced routing, as the cost model prices them."""
+    pairs = m * p.top_k
+    touched = kn.balanced_experts_nb(pairs, p.experts)
+    tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
+    return kn.moe_experts_time_nb(pairs, touched, pairs, p.hidden, p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes,
+                                  p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency,
+                                  p.moe_pair, tile_m, tile_n, p.moe_ridge)
+
+
 def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) -> dict:
     """{class: (table_s, model_s)} for one step (table_s NaN where the table cannot price it), plus
     ``elementwise`` (model only) and ``overlap_s`` (what the fitted graph_overlap takes off)."""
@@ -227,17 +245,19 @@ def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) 
         g_table = nan
     out["gemm"] = (g_table, g_model)
 
-    # routed experts (balanced routing, as the tables)
+    # routed experts (balanced routing, as the tables); between two token counts of the table both sides
+    # are interpolated the same way (the table's points bracket m; the kernel's tile steps in between
+    # are in neither), so the class compares the model with the measurements where they exist
     if p.n_moe_layers > 0.0:
-        pairs = m * p.top_k
-        touched = kn.balanced_experts_nb(pairs, p.experts)
-        tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
-        moe_model = p.n_moe_layers * kn.moe_experts_time_nb(
-            pairs, touched, pairs, p.hidden, p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw,
-            p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair, tile_m, tile_n, p.moe_ridge)
-        moe_table = nan if t is None else p.n_moe_layers * t.moe_time(
-            m, p.hidden, p.exp_inter * p.tp, p.experts, p.top_k, p.tp)
-        out["moe"] = (moe_table, moe_model)
+        key = (p.hidden, p.exp_inter * p.tp, p.experts, p.top_k, p.tp)
+        grid = t.moe_tokens(*key) if t is not None else None
+        if grid is not None and grid.shape[0] > 1 and m not in grid:
+            i, w = _axis(grid, m)
+            moe_model = (1.0 - w) * _moe_model(p, grid[i]) + w * _moe_model(p, grid[i + 1])
+        else:
+            moe_model = _moe_model(p, m)
+        moe_table = nan if t is None else p.n_moe_layers * t.moe_time(m, *key)
+        out["moe"] = (moe_table, p.n_moe_layers * moe_model)
 
     # attention on the real sequences
     kv_dec = float(step.decodes * step.context)
@@ -259,7 +279,9 @@ def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) 
     if p.tp > 1.0:
         ar_model = 2.0 * layers * allreduce_nb(p, m, graphed)
         msg = m * p.hidden * 2.0
-        custom = p.ar_custom > 0.0 and msg <= p.ar_max_bytes
+        # the tables measure vLLM's custom all-reduce kernel; above its own limit vLLM 0.15.1 runs the
+        # symmetric-memory all-reduce (engines/vllm.toml [SYM]), which they do not measure
+        custom = p.ar_custom > 0.0 and msg <= min(p.ar_max_bytes, engine.custom_allreduce_max_bytes)
         ar_table = nan if (t is None or not custom) else 2.0 * layers * t.allreduce_time(p.tp, msg, not graphed)
         out["allreduce"] = (ar_table, ar_model)
 

@@ -16,10 +16,18 @@ How a row becomes a simulation (``config_of``), every choice from the data's own
              system_prompt_len tokens shared by users_per_system_prompt users each, plus a question
              of question_len + TEMPLATE_TOKENS tokens (the measured prompts carry ~25-35 template
              tokens more than the two lengths)
-  outputs    the mean output length the measurements imply: ITL is defined as
-             (E2E mean - TTFT mean) / (mean output tokens - 1), so mean output = 1 + (E2E - TTFT)/ITL
-             of the whole run; 0.98-1.0 x output_len for every deployment but Llama-2-7B (0.77-0.79)
-Measured vs predicted: mean / p90 / p99 of E2E and TTFT, and the mean inter-token latency, per row.
+  users      each of the N x M users re-sends one prompt (`--question-per user`, the default): the
+             measurements show a request's prefill adding almost nothing to the step it joins (the
+             inter-token latency grows with load as the decode batch alone makes it grow), which only
+             a whole-prompt prefix-cache hit gives (experiments/results/vllm_validation.md)
+  outputs    output_len tokens each: the client sets ignore_eos, so the engine generates exactly
+             output_len (prompt + output stay below max_model_len 4096 on every row)
+Measured vs predicted: mean / p90 / p99 of E2E and TTFT, and the mean inter-token latency per
+generated token, (E2E mean - TTFT mean) / (output_len - 1). The data's ITL column divides by the
+output tokens its client counted instead (re-tokenising the streamed text): 0.98-1.0 x output_len for
+every deployment but Llama-2-7B (0.77-0.79, `implied_output`; SentencePiece re-tokenises the
+generated text into fewer tokens), so that column would overstate Llama-2-7B's time per token by
+~28% and the suite uses the generated count for every row.
 """
 from __future__ import annotations
 
@@ -60,10 +68,15 @@ def implied_output(df: pd.DataFrame) -> pd.Series:
     return out.round().astype(int)
 
 
+def itl_per_generated_token(df: pd.DataFrame) -> pd.Series:
+    """Mean inter-token latency per generated token, ms: (E2E mean - TTFT mean) / (output_len - 1)."""
+    return (df.measured_e2e_mean_ms - df.measured_ttft_mean_ms) / (df.output_len - 1)
+
+
 def deployments(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per deployment (the whole-run rows) with the output length used."""
+    """One row per deployment (the whole-run rows) with the output length used (output_len: ignore_eos)."""
     d = df[df.stage == -1].copy()
-    d["output_used"] = d.experiment.map(implied_output(df))
+    d["output_used"] = d.output_len.astype(int)
     return d.reset_index(drop=True)
 
 
@@ -109,8 +122,10 @@ def simulate_row(row, seed: int = 0, engine_profile=None, **overrides) -> dict:
 
 
 def compare(df: pd.DataFrame, runs: dict) -> pd.DataFrame:
-    """Tidy frame: experiment, stage, metric, measured, predicted, rel_error, saturated."""
+    """Tidy frame: experiment, stage, metric, measured, predicted, rel_error, saturated (ITL: per
+    generated token, `itl_per_generated_token`)."""
     rows = []
+    df = df.assign(measured_itl_mean_ms=itl_per_generated_token(df))
     for r in df.itertuples(index=False):
         summ = runs.get(r.experiment)
         if summ is None:
@@ -142,4 +157,5 @@ def run_suite(path=None, seed: int = 0, engine_profile=None, only=None) -> pd.Da
 
 
 __all__ = ["DATA", "METRICS", "TEMPLATE_TOKENS", "TOLERANCE", "compare", "config_of", "deployments", "implied_output",
+           "itl_per_generated_token",
            "load", "run_suite", "simulate_row"]

@@ -53,6 +53,7 @@ FIT_KEYS = (
     ("gemm_mem_latency_us", "gemm_mem_latency_s", "nonneg"),         # ramp of a bandwidth-bound GEMM
     ("gemm_fp8_max", "gemm_fp8_max", "fraction"),                    # W8A8 GEMMs: of the fp8 peak
     ("gemm_fp8_latency_us", "gemm_fp8_latency_s", "nonneg"),         # incl. quantising the activation
+    ("gemm_fp8_quant_bytes", "gemm_fp8_quant_bytes", "nonneg"),      # activation quantisation, per element
     ("attn_prefill_max", "attn_prefill_max", "fraction"),
     ("attn_prefill_hbm_fraction", "attn_prefill_hbm_fraction", "fraction"),
     ("attn_prefill_block_overhead", "attn_prefill_block_overhead", "nonneg"),   # 128-key blocks
@@ -60,6 +61,7 @@ FIT_KEYS = (
     ("attn_decode_hbm_fraction", "attn_decode_hbm_fraction", "fraction"),
     ("attn_decode_block_us", "attn_decode_block_s", "nonneg"),
     ("attn_decode_latency_us", "attn_decode_latency_s", "nonneg"),
+    ("attn_decode_split_us", "attn_decode_split_s", "nonneg"),       # split-KV combine kernel, small batches
     ("allreduce_latency_us", "allreduce_latency_s", "nonneg"),
     ("allreduce_bw_fraction", "allreduce_bw_fraction", "fraction"),
     ("allreduce_step_latency_us", "allreduce_step_latency_s", "nonneg"),
@@ -79,7 +81,7 @@ FIT_KEYS = (
 )
 _UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
 # keys a table may leave out (profiles written before they existed), with the value that means "absent"
-_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0}
+_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0, "gemm_fp8_quant_bytes": 0.0, "attn_decode_split_us": 0.0}
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class EngineFit:
     gemm_mem_latency_s: float
     gemm_fp8_max: float
     gemm_fp8_latency_s: float
+    gemm_fp8_quant_bytes: float      # HBM bytes per activation element its quantisation moves (0: none apart)
     attn_prefill_max: float
     attn_prefill_hbm_fraction: float
     attn_prefill_block_overhead: float
@@ -145,6 +148,7 @@ class EngineFit:
     attn_decode_hbm_fraction: float
     attn_decode_block_s: float
     attn_decode_latency_s: float
+    attn_decode_split_s: float       # split-KV decode's combine kernel (few sequences x KV heads)
     allreduce_latency_s: float
     allreduce_bw_fraction: float
     allreduce_step_latency_s: float
@@ -251,7 +255,10 @@ def carried_terms(fit: EngineFit, moe: bool = True) -> list[str]:
     if fit.borrowed_keys:
         carried.append(f"{', '.join(fit.borrowed_keys)} from {fit.keys_from}'s table (efficiency_from)")
     if "h100-sxm's end-to-end fit carried over" in src or "h100-sxm's values" in src or "vLLM's" in src:
-        carried.append("end-to-end terms (graph_overlap, step and host time, frontend) carried over from "
+        scaled = "x its gemm_latency_us" in src
+        carried.append("end-to-end terms (graph_overlap, " + ("step GPU time as a ratio of its own GEMM fixed time, "
+                                                             if scaled else "step GPU time, ")
+                       + "host time, frontend) carried over from "
                        + ("vLLM's h100-sxm fit" if "vLLM's" in src else "h100-sxm"))
     if "moe keys: h100-sxm's" in src and moe:
         carried.append("fused-MoE efficiencies h100-sxm's")

@@ -56,7 +56,7 @@ def _gemm_nb(p, m, k, n):
         return weight_only_gemm_time_nb(m, k, n, p.w_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
                                         p.g_splitk, p.g_tile_k, p.g_mem_latency)
     return gemm_time_nb(m, k, n, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
-                        p.g_splitk, p.g_tile_k, p.g_mem_latency)
+                        p.g_splitk, p.g_tile_k, p.g_mem_latency) + m * k * p.g_quant   # (W8A8: quantise X)
 
 
 @njit(cache=True)
@@ -255,7 +255,8 @@ def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
                                        p.attn_pf_latency)
     if n_dec > 0.0:
         a += decode_attention_time_nb(n_dec, kv_dec, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
-                                      p.hbm_bw, p.sms, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency)
+                                      p.hbm_bw, p.sms, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency,
+                                      p.attn_dec_split)
     return a
 
 

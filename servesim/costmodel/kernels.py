@@ -330,13 +330,20 @@ def prefill_attention_time_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_byt
     return latency + t_c + nbytes / (hbm_bw * hbm_fraction)
 
 
+# FlashAttention's decode splits the KV of each (sequence, KV head) over several blocks, and adds a
+# kernel combining their partial results, when fewer than 0.8 x SMs blocks would run unsplit
+# (flash-attention csrc/flash_attn/flash_api.cpp, num_splits_heuristic).
+DECODE_SPLIT_SM_SHARE = 0.8
+
+
 @njit(cache=True)
 def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes, kv_bytes, hbm_bw, sm_count,
-                             hbm_fraction, block_time, latency):
+                             hbm_fraction, block_time, latency, split_latency=0.0):
     """Decode (generation) attention of one layer on one GPU, in seconds: one query per sequence over
     ``kv_tokens`` cached tokens in all (the sum over the batch):
 
         latency + seqs kv_heads block_time / SMs + bytes / (hbm_bw * hbm_fraction)
+        + split_latency when seqs kv_heads < DECODE_SPLIT_SM_SHARE SMs (split KV: the combine kernel)
 
     bytes = kv_tokens 2 kv_heads d kv_bytes (K and V read once per KV head, GQA) + seqs 2 heads d
     q_bytes (q in, o out). One thread block per (sequence, KV head) costs ``block_time`` of one SM
@@ -346,7 +353,8 @@ def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes
     if seqs <= 0.0:
         return 0.0
     nbytes = kv_tokens * 2.0 * kv_heads * head_dim * kv_bytes + seqs * 2.0 * heads * head_dim * q_bytes
-    return latency + seqs * kv_heads * block_time / sm_count + nbytes / (hbm_bw * hbm_fraction)
+    split = split_latency if seqs * kv_heads < DECODE_SPLIT_SM_SHARE * sm_count else 0.0
+    return latency + split + seqs * kv_heads * block_time / sm_count + nbytes / (hbm_bw * hbm_fraction)
 
 
 @njit(cache=True)
@@ -379,7 +387,7 @@ def engine_allreduce_eager_time_nb(nbytes, n, link_bw, bw_fraction, latency, ste
             + 2.0 * nbytes / (hbm_bw * hbm_fraction))
 
 
-__all__ = ["ATTN_BLOCK", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
+__all__ = ["ATTN_BLOCK", "DECODE_SPLIT_SM_SHARE", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
            "decode_attention_time_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
            "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
            "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb", "moe_tile_fraction_nb",

@@ -50,6 +50,7 @@ class CostParams(NamedTuple):
     g_max: float                 # the engine's GEMMs (kernels.gemm_time_nb) at the weight dtype
     g_latency: float
     g_wo: float                  # 1: weight-only GEMMs (kernels.weight_only_gemm_time_nb)
+    g_quant: float               # W8A8: seconds per activation element of its quantisation (0: none)
     g16_max: float               # ... and in 16 bits (LM head, router)
     g16_latency: float
     g_hbm: float
@@ -77,6 +78,7 @@ class CostParams(NamedTuple):
     attn_dec_hbm: float          # engine decode attention (kernels.decode_attention_time_nb)
     attn_dec_block: float
     attn_dec_latency: float
+    attn_dec_split: float        # the split-KV combine kernel at small batches
     elem_s_tok_layer: float      # bandwidth time per token of a layer's elementwise kernels
     elem_bytes_tok_layer: float  # ... and their HBM bytes per token (per GPU)
     elem_kernels: float          # elementwise kernels per layer
@@ -308,6 +310,8 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         g_latency=keep * (fit.gemm_fp8_latency_s if w8a8 else fit.gemm_latency_s
                           + (WEIGHT_ONLY_EXTRA_LATENCY_US * 1e-6 if weight_only(layout.dtype) else 0.0)),
         g_wo=float(weight_only(layout.dtype)),
+        # the activation quantisation of a W8A8 GEMM: its bytes per element at the weight-streaming rate
+        g_quant=fit.gemm_fp8_quant_bytes / (hw.hbm_bw * fit.gemm_hbm_fraction) if w8a8 else 0.0,
         g16_max=fit.gemm_max, g16_latency=keep * fit.gemm_latency_s, g_hbm=fit.gemm_hbm_fraction,
         g_splitk=keep * fit.gemm_splitk_latency_s, g_tile_k=fit.gemm_tile_overhead_k,
         g_mem_latency=keep * fit.gemm_mem_latency_s,
@@ -321,7 +325,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         attn_pf_max=fit.attn_prefill_max, attn_pf_hbm=fit.attn_prefill_hbm_fraction,
         attn_pf_block=fit.attn_prefill_block_overhead, attn_pf_latency=keep * fit.attn_prefill_latency_s,
         attn_dec_hbm=fit.attn_decode_hbm_fraction, attn_dec_block=fit.attn_decode_block_s,
-        attn_dec_latency=keep * fit.attn_decode_latency_s,
+        attn_dec_latency=keep * fit.attn_decode_latency_s, attn_dec_split=keep * fit.attn_decode_split_s,
         elem_s_tok_layer=elementwise.seconds_per_token(elem, hw.hbm_bw, elementwise.kind_fractions(eff)),
         elem_bytes_tok_layer=float(sum(b for _, b in elem)),
         elem_kernels=float(len(elem)), elem_latency=keep * eff.elementwise_latency_s,

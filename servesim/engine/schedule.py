@@ -254,10 +254,18 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                 b_chunk[nb] = c
                 nb += 1
                 budget -= c
-    # 2) admit waiting requests in FCFS order (none after a preemption in this step)
+    # 2) admit waiting requests in FCFS order (none after a preemption in this step). Async
+    #    scheduling (vLLM V1, host work overlapping the GPU, one stage): this step was planned when
+    #    the step now ending was launched, so while it has running members a request that arrived
+    #    after that launch waits for the next one (POOLS.md)
     if not decode_only and not preempted_now:
+        cutoff = math.inf
+        if pol == C.VLLM and p.host_overlap > 0.0 and pools.pp[rp.pool[r]] == 1 and nb > 0:
+            cutoff = rp.slot_start[r * cfg.pp]
         while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
             i = q_head[r]
+            if rq.arrival[i] > cutoff:
+                break
             h, g0, hc = cached_nb(cfg, rq, cache, chains, r, i)
             done = computed[i] if h == 0 else h * cfg.block_size
             held = blocks[i] if h == 0 else h

@@ -25,14 +25,24 @@ class PlanResult:
 
 
 def _lengths(base):
+    """(prompt tokens to prefill, output tokens) of a sample of the workload's requests, for the bounds:
+    a shared prefix's blocks (the system prompt; a user's whole re-sent prompt) counted as cached, as
+    a warm prefix cache serves them (the simulation decides the actual hits)."""
     from ..config import load_model
+    from ..config.engine import load_engine
     from ..workload import DEFAULT_NUM_REQUESTS, build_requests, load_workload, with_shared_prefix
+    from ..workload.chains import block_chains
     model = load_model(base.model)
     workload = with_shared_prefix(load_workload(base.workload), base.num_system_prompts,
-                                  base.users_per_system_prompt, base.system_prompt_len)
+                                  base.users_per_system_prompt, base.system_prompt_len, base.question_per)
     reqs = build_requests(workload, min(base.num_requests or DEFAULT_NUM_REQUESTS, 4000), base.seed, rate=1.0,
                           isl=base.isl, osl=base.osl, max_len=model.max_context, question_len=base.question_len)
-    return np.asarray(reqs.prompt, float), np.asarray(reqs.output, float)
+    prompt = np.asarray(reqs.prompt, float)
+    if workload.shared_prefix is not None and base.prefix_caching is not False:
+        bs = base.block_size if base.block_size is not None else load_engine(base.engine).scheduler.block_size
+        hit = np.minimum(block_chains(reqs, bs).length * bs, (reqs.prompt - 1) // bs * bs)
+        prompt = prompt - hit
+    return prompt, np.asarray(reqs.output, float)
 
 
 def _quantile(x, stat):

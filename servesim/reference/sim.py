@@ -288,6 +288,7 @@ class Replica:
     next_free: float = 0.0                           # first stage free to take a micro-batch
     stage_free: list = field(default_factory=list)   # later stages 1..PP-1 free at (index 0 unused)
     inflight_since: float = 0.0                      # start of the current span with work in flight
+    last_start: float = 0.0                          # when its latest micro-batch was launched
     wake_at: float = INF                             # pending scheduling decision
     pad_seqs: int = 0                                # static: finished members still padding
     pad_kv: int = 0
@@ -872,8 +873,15 @@ class ReferenceSimulator:
                 step.add(req, chunk)
         if decode_only or step.preempted or step.stalled:
             return
+        # async scheduling (POOLS.md): while the step has running members, a request that arrived
+        # after the launch of the step now ending waits for the next one
+        cutoff = INF
+        if pol == C.VLLM and self.ps[rep.pool].host_overlap > 0.0 and rep.stages == 1 and step.members:
+            cutoff = rep.last_start
         while rep.waiting and len(rep.running) < B and len(step.members) < B and step.budget > 0:
             head = rep.waiting[0]
+            if head.arrival > cutoff:
+                break
             hit = self.cached(rep, head)
             h, g0, c = hit
             chunk = head.pending - h * bs
@@ -950,6 +958,7 @@ class ReferenceSimulator:
                 rep.stage_free[k] = end
             self.add_stat(rep, S.STAT_STAGE_BUSY, d)
         rep.slots[slot] = MicroBatch(list(step.members), end, self.now)
+        rep.last_start = self.now
         for req, _ in step.members:
             req.in_flight = True
         rep.next_free = self.now + interval

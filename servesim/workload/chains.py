@@ -4,6 +4,9 @@ Equal id = equal content (the hash chain of vLLM's automatic prefix caching). Ev
 share KV blocks with others reads one *stream* of tokens from its start:
 
 * shared prefix: group g's system prompt; request i holds its first `prefix_len[i] // bs` blocks;
+  a request that re-sends its user's one prompt (`prefix_user` >= 0) also holds the blocks after
+  the system prompt's full blocks, up to `prompt[i] // bs`, from its user's stream (the block that
+  straddles the system prompt's end already holds the user's question);
 * sessions: the session's conversation. Turn n's prompt is turn n-1's prompt + output (its history)
   + a new question, so turn n's tokens start with all of turn n-1's; turn n holds the first
   `(prompt[i] + output[i]) // bs` full blocks of the conversation, and its blocks inside its history
@@ -55,23 +58,44 @@ def block_chains(requests, block_size) -> Chains:
     # stream of each request (-1: none) and the blocks of it the request holds
     stream = np.where(in_session, session, group)
     held = np.where(in_session, (prompt + output) // bs, np.where(in_group, plen // bs, 0))
+    length, base, used = _shared_part(stream, held, 0)
+    user = getattr(requests, "prefix_user", None)
+    if user is not None:
+        # the user's stream continues after the system prompt's full blocks (held only with them all)
+        user = np.where(in_group, np.asarray(user, dtype=np.int64), -1)
+        sys_blocks = np.where(in_group, plen // bs, 0)
+        own = np.where((user >= 0) & (length == sys_blocks), np.maximum(prompt // bs - sys_blocks, 0), 0)
+        u_len, u_base, _ = _shared_part(user, own, used)
+    else:
+        u_len, u_base = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    total_len = length + u_len
+    start = np.cumsum(total_len) - total_len
+    total = int(total_len.sum())
+    # ids[start[i] + k] = base[i] + k for k < length[i], then u_base[i] + (k - length[i])
+    owner = np.repeat(np.arange(n), total_len)
+    k = np.arange(total, dtype=np.int64) - start[owner]
+    ids = np.where(k < length[owner], base[owner] + k, u_base[owner] + k - length[owner])
+    return Chains(np.ascontiguousarray(start, dtype=np.int64), np.ascontiguousarray(total_len, dtype=np.int64),
+                  np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(next_turn, dtype=np.int64),
+                  np.ascontiguousarray(think, dtype=np.float64))
+
+
+def _shared_part(stream, held, first_id):
+    """(length, base, next id) of each request's part of one kind of stream: request i holds
+    `held[i]` blocks of stream `stream[i]` (-1: none) and lists the first min(held[i], the second-
+    largest holding of its stream) of them, ids base[i] + k; the streams' ids start at `first_id`."""
+    n = stream.shape[0]
     held = np.where(stream >= 0, held, 0)
     length = np.zeros(n, dtype=np.int64)
     base = np.zeros(n, dtype=np.int64)
     member = np.flatnonzero(stream >= 0)
-    if member.size:
-        order = member[np.lexsort((-held[member], stream[member]))]   # by stream, most blocks first
-        streams, first, count = np.unique(stream[order], return_index=True, return_counts=True)
-        second = np.where(count >= 2, held[order[np.minimum(first + 1, order.size - 1)]], 0)
-        offset = np.cumsum(second) - second                         # ids of stream j: offset[j] + k
-        pos = np.searchsorted(streams, stream[member])
-        length[member] = np.minimum(held[member], second[pos])
-        base[member] = offset[pos]
-    start = np.cumsum(length) - length
-    total = int(length.sum())
-    # ids[start[i] + k] = base[i] + k
-    owner = np.repeat(np.arange(n), length)
-    ids = base[owner] + (np.arange(total, dtype=np.int64) - start[owner])
-    return Chains(np.ascontiguousarray(start, dtype=np.int64), np.ascontiguousarray(length, dtype=np.int64),
-                  np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(next_turn, dtype=np.int64),
-                  np.ascontiguousarray(think, dtype=np.float64))
+    if not member.size:
+        return length, base, first_id
+    order = member[np.lexsort((-held[member], stream[member]))]   # by stream, most blocks first
+    streams, first, count = np.unique(stream[order], return_index=True, return_counts=True)
+    second = np.where(count >= 2, held[order[np.minimum(first + 1, order.size - 1)]], 0)
+    offset = first_id + np.cumsum(second) - second                 # ids of stream j: offset[j] + k
+    pos = np.searchsorted(streams, stream[member])
+    length[member] = np.minimum(held[member], second[pos])
+    base[member] = offset[pos]
+    return length, base, first_id + int(second.sum())

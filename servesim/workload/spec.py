@@ -35,14 +35,23 @@ TRACE_MODES = ("lengths", "replay", "scale")
 DEFAULT_NUM_REQUESTS = 2000  # synthetic workloads, when no number is given
 
 
+QUESTION_PER = ("user", "request")
+
+
 @dataclass(frozen=True)
 class SharedPrefix:
     """`num_system_prompts` system prompts of `system_prompt_len` tokens, each shared by
     `users_per_system_prompt` users (N x M users in all). A request's prompt is its user's system
-    prompt followed by a question (the workload's prompt lengths, or a fixed `--question-len`)."""
+    prompt followed by a question (the workload's prompt lengths, or a fixed `--question-len`).
+
+    `question_per` "user": each user has one question, drawn once, and sends the same prompt every
+    time, so from its second request on the whole prompt is a prefix-cache hit (the benchmark behind
+    the shipped vLLM deployments did this: experiments/results/vllm_validation.md); "request": a
+    fresh question per request, only the system prompt is shared."""
     num_system_prompts: int
     users_per_system_prompt: int
     system_prompt_len: int
+    question_per: str = "user"
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,8 @@ class Requests(NamedTuple):
     turn: np.ndarray          # int64 turn of the request in its session (0: first, or no session)
     next_turn: np.ndarray     # int64 index of the session's next request, -1: none
     think: np.ndarray         # float64 s from the end of the previous turn to sending this one (0: first)
+    prefix_user: np.ndarray | None = None  # int64 user whose one prompt the request re-sends (its whole
+                                           # prompt is shared with that user's other requests), -1 / None: none
 
 
 # --------------------------------------------------------------------------- loading
@@ -85,11 +96,12 @@ class Requests(NamedTuple):
 _TOP_KEYS = {"name": True, "description": True, "source": True, "default_rate": True,
              "prompt": True, "output": True, "shared_prefix": False,
              "sessions": False}  # key -> required
-_SHARED_KEYS = {"num_system_prompts": True, "users_per_system_prompt": False, "system_prompt_len": True}
+_SHARED_KEYS = {"num_system_prompts": True, "users_per_system_prompt": False, "system_prompt_len": True,
+                "question_per": False}
 _SESSION_KEYS = {"turns_per_session": True, "think_time_s": True}  # both required in [sessions]
 _SESSION_OPTIONS = {"turns_per_session": "--turns-per-session", "think_time_s": "--think-time"}
 _SHARED_OPTIONS = {"num_system_prompts": "--num-system-prompts", "users_per_system_prompt": "--users-per-system-prompt",
-                   "system_prompt_len": "--system-prompt-len"}
+                   "system_prompt_len": "--system-prompt-len", "question_per": "--question-per"}
 _KIND_KEYS = {
     "fixed": ("value",),
     "uniform": ("low", "high"),
@@ -251,6 +263,13 @@ def _shared_prefix_table(table, where) -> SharedPrefix:
     _table_keys(table, "shared_prefix", _SHARED_KEYS, where)
     values = {}
     for key in _SHARED_KEYS:
+        if key == "question_per":
+            v = table.get(key, "user")
+            if v not in QUESTION_PER:
+                raise ConfigError(f"{where('shared_prefix', key)}: [shared_prefix] question_per = {v!r}; "
+                                  f"use one of {', '.join(repr(q) for q in QUESTION_PER)}")
+            values[key] = v
+            continue
         v = table.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{where('shared_prefix', key)}: [shared_prefix] {key} = {v!r}; use an integer >= 1")
@@ -259,17 +278,24 @@ def _shared_prefix_table(table, where) -> SharedPrefix:
 
 
 def with_shared_prefix(spec: WorkloadSpec, num_system_prompts=None, users_per_system_prompt=None,
-                       system_prompt_len=None) -> WorkloadSpec:
+                       system_prompt_len=None, question_per=None) -> WorkloadSpec:
     """`spec` with its shared prefix set or overridden by the CLI options (None: keep the workload's).
 
     Without a `[shared_prefix]` in the workload, `--num-system-prompts` and `--system-prompt-len` are
-    both needed (`--users-per-system-prompt` defaults to 1); the workload's prompt lengths become the
-    question lengths."""
+    both needed (`--users-per-system-prompt` defaults to 1, `--question-per` to user); the workload's
+    prompt lengths become the question lengths."""
+    if question_per is not None and question_per not in QUESTION_PER:
+        raise ConfigError(f"--question-per {question_per!r} is not valid; use one of {', '.join(QUESTION_PER)}")
     given = {"num_system_prompts": num_system_prompts, "users_per_system_prompt": users_per_system_prompt,
              "system_prompt_len": system_prompt_len}
     given = {k: v for k, v in given.items() if v is not None}
     if not given:
-        return spec
+        if question_per is None:
+            return spec
+        if spec.shared_prefix is None:
+            raise ConfigError(f"--question-per {question_per}: needs a shared prefix (--num-system-prompts N "
+                              "--system-prompt-len L, or a workload with [shared_prefix])")
+        return replace(spec, shared_prefix=replace(spec.shared_prefix, question_per=question_per))
     if spec.sessions is not None:
         named = ", ".join(f"{_SHARED_OPTIONS[k]} {v}" for k, v in given.items())
         raise ConfigError(f"{named}: workload {spec.name!r} has [sessions], and sessions with a shared prefix "
@@ -287,7 +313,8 @@ def with_shared_prefix(spec: WorkloadSpec, num_system_prompts=None, users_per_sy
                               f"{spec.name!r} has no [shared_prefix]); e.g. --num-system-prompts 9 "
                               "--users-per-system-prompt 5 --system-prompt-len 100")
         base = SharedPrefix(0, 1, 0)
-    merged = SharedPrefix(**{k: int(given.get(k, getattr(base, k))) for k in _SHARED_KEYS})
+    merged = SharedPrefix(**{k: int(given.get(k, getattr(base, k))) for k in _SHARED_KEYS if k != "question_per"},
+                          question_per=question_per if question_per is not None else base.question_per)
     return replace(spec, shared_prefix=merged)
 
 
@@ -399,6 +426,9 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
     With `spec.shared_prefix` (N system prompts of L tokens, M users each) every request is sent by
     one of the N x M users, drawn uniformly at random from its own stream; its prompt is L tokens of
     its group's system prompt plus the question, `prefix_group` = user // M and `prefix_len` = L.
+    With `question_per` "user" each user's question length is drawn once (from the workload's prompt
+    lengths, its own stream; or `question_len`, or `isl` - L) and `prefix_user` = user: the user
+    re-sends one prompt; with "request" every request draws its own question and `prefix_user` is None.
 
     With `spec.sessions` (T turns per session, mean think time): see `_session_requests`. `n` counts
     requests (turns); `rate` stays requests/s, so sessions start at rate / (mean turns per session);
@@ -412,7 +442,8 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
     if trace_mode not in TRACE_MODES:
         raise ConfigError(f"--trace-mode {trace_mode!r} unknown; use one of {', '.join(TRACE_MODES)}")
     rate = spec.default_rate if rate is None else rate
-    arr_ss, prompt_ss, output_ss, joint_ss, user_ss, think_ss = np.random.SeedSequence(int(seed)).spawn(6)
+    arr_ss, prompt_ss, output_ss, joint_ss, user_ss, think_ss, question_ss = \
+        np.random.SeedSequence(int(seed)).spawn(7)
     arr_rng, prompt_rng, output_rng, joint_rng = (np.random.default_rng(s)
                                                   for s in (arr_ss, prompt_ss, output_ss, joint_ss))
     curve = DIURNAL_CURVE if daily_curve is None else daily_curve
@@ -466,6 +497,7 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
     sp = spec.shared_prefix
     prefix_group = np.full(n, -1, dtype=np.int64)
     prefix_len = np.zeros(n, dtype=np.int64)
+    prefix_user = None
     if sp is None:
         if question_len is not None:
             raise ConfigError(f"--question-len {question_len!r} needs a shared prefix (--num-system-prompts N "
@@ -485,26 +517,37 @@ def build_requests(spec: WorkloadSpec, n: int | None, seed: int, *, rate=None, p
                                   f"(--system-prompt-len {L}); a prompt is the system prompt plus a question "
                                   f"of >= 1 token: use --isl >= {L + 1}, or --question-len Q")
             prompt = np.full(n, total, dtype=np.int64)
-        else:
-            question = prompt if question_len is None else np.full(n, _override("--question-len", question_len))
-            prompt = L + np.asarray(question, dtype=np.int64)
         users = np.random.default_rng(user_ss).integers(0, sp.num_system_prompts * sp.users_per_system_prompt,
                                                         size=n)
+        if isl is None:
+            if question_len is not None:
+                question = np.full(n, _override("--question-len", question_len))
+            elif sp.question_per == "user":   # one question per user, drawn once from its own stream
+                question = sample_lengths(spec.prompt, sp.num_system_prompts * sp.users_per_system_prompt,
+                                          np.random.default_rng(question_ss))[users]
+            else:
+                question = prompt
+            prompt = L + np.asarray(question, dtype=np.int64)
         prefix_group = (users // sp.users_per_system_prompt).astype(np.int64)
         prefix_len = np.full(n, L, dtype=np.int64)
+        if sp.question_per == "user":
+            prefix_user = users.astype(np.int64)
     if osl is not None:
         output = np.full(n, _override("--osl", osl), dtype=np.int64)
     if max_len is not None:
         prompt, output = clip_to_context(prompt, output, max_len)
         prefix_len = np.minimum(prefix_len, prompt - 1)  # a cut prompt keeps >= 1 token to prefill
         prefix_group = np.where(prefix_len > 0, prefix_group, -1)
+        if prefix_user is not None:
+            prefix_user = np.where(prefix_group >= 0, prefix_user, -1)
     return Requests(np.ascontiguousarray(arrival, dtype=np.float64),
                     np.ascontiguousarray(prompt, dtype=np.int64),
                     np.ascontiguousarray(output, dtype=np.int64),
                     np.ascontiguousarray(prefix_group, dtype=np.int64),
                     np.ascontiguousarray(prefix_len, dtype=np.int64),
                     np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64),
-                    np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64))
+                    np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64),
+                    None if prefix_user is None else np.ascontiguousarray(prefix_user, dtype=np.int64))
 
 
 def _session_requests(spec, n, rate, process, cv, offline, isl, osl, trace_mode, curve, max_len, stages,
