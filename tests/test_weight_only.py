@@ -46,7 +46,9 @@ def test_batch1_decode_gemms_approach_the_weight_bytes_ratio():
     ratio = (body * INT4_BYTES + head * 2.0) / ((body + head) * 2.0)   # ~0.31
     decode = Batch(decode=(1000,))
     t16, t4 = _gemm("llama-3.1-8b", H100, "bf16", decode), _gemm("llama-3.1-8b", H100, "int4", decode)
-    assert ratio < t4 / t16 < 1.15 * ratio
+    # above the bytes ratio by the dequantisation's fixed time per GEMM (7.9 us, the part a CUDA graph does
+    # not hide: 1 - graph_overlap of it), 128 GEMMs of ~1-5 us of bytes each
+    assert ratio < t4 / t16 < 1.6 * ratio
     # and never faster than streaming the int4 bytes at the full HBM bandwidth
     assert t4 > (body * INT4_BYTES + head * 2.0) / H100.hbm_bw
 
