@@ -57,7 +57,9 @@ def test_drain_is_reported_apart_and_accounts_for_every_completion():
     assert in_window + d["requests"] == len(done)         # no warm-up: nothing finished before t0
     whole = s["throughput"]["whole_run"]
     assert whole["requests_per_s"] == pytest.approx(len(done) / (done.finish_s.max() - df.arrival_s.min()))
-    assert whole["requests_per_s"] < s["throughput"]["requests_per_s"]     # the drain dilutes it
+    # the whole-run rate spans the drain too (the window stops with the offered load); whether that
+    # dilutes it depends on how fast the last requests finish, so only the spans are compared
+    assert t1 - t0 < done.finish_s.max() - df.arrival_s.min()
 
 
 def test_sessions_rates_are_not_diluted_and_intervals_not_negative():

@@ -58,8 +58,10 @@ def test_calibrated_profile_runs_on_its_base_fit_not_another_gpus(tmp_path, monk
         mine, cfg = tpot("--hardware", "./my-h100.toml", *extra)
         assert cfg["fit"]["engine"].startswith("borrowed from h100-sxm"), cfg["fit"]
         assert "a100" not in cfg["engine_fit"]
-        # the silicon efficiencies are the user's (fitted), the engine's kernels h100-sxm's: within 3%
-        assert mine == pytest.approx(shipped, rel=0.03), (mine, shipped)
+        # the silicon efficiencies are the user's (fitted), the engine's kernels h100-sxm's: within 6% (the
+        # user's elementwise fractions and latency differ from the shipped ones, and a CUDA graph hides only
+        # graph_overlap = 0.3 of each kernel's fixed time); the A100 table is > 10% away
+        assert mine == pytest.approx(shipped, rel=0.06), (mine, shipped)
     assert a100_fit > 1.1 * shipped     # the comparison can fail: the A100 table is >10% slower here
 
 

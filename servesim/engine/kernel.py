@@ -92,7 +92,8 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
-    swap = np.array([[p.swap_alpha, p.swap_bw] for p in ps], np.float64)
+    # per pool: the PCIe path (s, B/s) and whether the engine schedules asynchronously (schedule.py)
+    swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
     run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
            pool_stats, prefix, gap_hist)
     stats = pool_stats.sum(axis=0)          # the pools summed in order; the largest KV in use, the run's end time

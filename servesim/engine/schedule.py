@@ -78,7 +78,8 @@ def cached_nb(cfg, rq, cache, chains, r, i):
 
 @njit(**HANDLER)
 def swap_seconds_nb(swap, pools, rp, rq, r, i):
-    """Moving request i's KV between GPU and host: swap[pool] = (latency s, B/s) of the PCIe path."""
+    """Moving request i's KV between GPU and host: swap[pool] = (latency s, B/s) of the PCIe path, and
+    async scheduling (1: host work overlaps the GPU, continuous_batch_nb)."""
     k = rp.pool[r]
     return swap[k, 0] + rq.computed[i] * pools.kv_bytes_per_token[k] / swap[k, 1]
 
@@ -260,7 +261,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     #    after that launch waits for the next one (POOLS.md)
     if not decode_only and not preempted_now:
         cutoff = math.inf
-        if pol == C.VLLM and p.host_overlap > 0.0 and pools.pp[rp.pool[r]] == 1 and nb > 0:
+        if pol == C.VLLM and swap[rp.pool[r], 2] > 0.0 and pools.pp[rp.pool[r]] == 1 and nb > 0:
             cutoff = rp.slot_start[r * cfg.pp]
         while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
             i = q_head[r]
