@@ -222,7 +222,7 @@ def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profi
                          pp=int(max(lp.spec.pp for lp in lowered)), prefix_caching=int(bool(cfg.prefix_caching)),
                          layerwise=int(bool(cfg.layerwise_transfer)))
     out = run_pools([lp.cost for lp in lowered], ecfg, pools, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
-                    _chains(cfg, reqs))
+                    _chains(cfg, reqs), speculative=cfg.speculative)
     df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
     if getattr(reqs, "session", None) is not None and np.any(np.asarray(reqs.session) >= 0):
         df["session"], df["turn"] = np.asarray(reqs.session, np.int64), np.asarray(reqs.turn, np.int64)
@@ -320,9 +320,6 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     from .checks import sim_config
     compile_notice()        # a cold numba cache: one line on stderr before compiling
     given = cfg = sim_config(config, "simulate", **options)     # the edge: every option checked, the SLO parsed
-    if cfg.speculative is not None:
-        raise ConfigError(f"--speculative {cfg.speculative}: the simulator does not run speculative decoding yet; "
-                          "`servesim cost --speculative ...` prices one step (draft, verification, tokens per step)")
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     from .pools import check_block_size, specs_of
     specs = specs_of(cfg)
@@ -361,7 +358,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         shared_prefix = cfg.prefix_caching is not False     # today's kernel: the system prompts' prefix cache
         out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
                          prefix_group=reqs.prefix_group if shared_prefix else None,
-                         prefix_len=reqs.prefix_len if shared_prefix else None)
+                         prefix_len=reqs.prefix_len if shared_prefix else None, speculative=cfg.speculative)
         df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
         price = cfg.price if cfg.price is not None else hw.usd_per_hour
         from .costmodel.dtypes import compute_dtype
@@ -385,12 +382,28 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     if daily:   # the window of the day sent and the delivered rate (only for daily runs)
         config["daily"] = daily_window(reqs.arrival, rate, window_s=window)
     summary["model_error"] = _model_error(cfg, model, hw, rc, engine_profile, summary)
+    if cfg.speculative is not None:
+        summary["speculative"] = speculative_summary(cfg.speculative, out.stats)
     summary = _clean({"config": config, **summary, **pools_part})
     from . import progress
     progress.tick()      # one simulation finished (a progress bar listening, servesim/progress.py)
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
     return Result(config, summary, df, iters, out.gap_hist)
+
+
+def speculative_summary(spec, stats) -> dict:
+    """The run's speculative decoding: its method and draft length, the acceptance model's expected
+    tokens per step, the simulated mean accepted drafts per verification step, and the shares of the
+    replicas' busy time spent drafting and in the steps that verified (the rest of those steps)."""
+    from .engine import state as K
+    steps, busy = stats[K.STAT_SPEC_STEPS], stats[K.STAT_BUSY]
+    return {"method": spec.method, "k": spec.k, "acceptance": spec.acceptance, "delta": spec.delta,
+            "expected_tokens_per_step": spec.expected_tokens,
+            "mean_accepted_per_step": stats[K.STAT_SPEC_TOKENS] / steps - 1.0 if steps > 0 else None,
+            "verify_steps": int(steps),
+            "draft_time_share": stats[K.STAT_DRAFT] / busy if busy > 0 else None,
+            "verify_time_share": stats[K.STAT_VERIFY] / busy if busy > 0 else None}
 
 
 # One small run of each set of features the kernel is compiled for (`servesim warmup`). A feature a
@@ -404,6 +417,7 @@ WARMUP_RUNS = {
     "prefill/decode pools": dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
                                  layerwise_transfer=True),
     "five to eight pools": dict(pool=("h100-sxm:tp1:x1",) * 5),
+    "speculative decoding": dict(speculative="eagle:k=2:acceptance=0.7"),
 }
 
 

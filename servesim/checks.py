@@ -254,6 +254,9 @@ def check_resolved(given, filled, model) -> None:
     """What needs the preset and the model: fixed lengths within the model's context (they are never
     cut silently; sampled lengths are, see `workload.clip_to_context`), options the resolved
     scheduler ignores."""
+    if filled.speculative is not None and filled.scheduler == "static":
+        raise ConfigError(f"--speculative {filled.speculative} and --scheduler static contradict: static batching "
+                          "runs one token per step for the whole batch; use a continuous-batching scheduler")
     ctx = int(model.max_context)
     prompt, prompt_fixed = [], False
     if given.isl is not None:

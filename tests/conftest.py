@@ -60,8 +60,9 @@ def small_workload():
 
 @pytest.fixture(scope="session")
 def run_both():
-    """run_both(rc, cfg, arrival, prompt, output, seed=0, group=None, hit=None) -> (EngineOutput, reference dict)."""
-    def run(rc, cfg, arrival, prompt, output, seed: int = 0, group=None, hit=None):
+    """run_both(rc, cfg, arrival, prompt, output, seed=0, group=None, hit=None, spec=None, dp=None) ->
+    (EngineOutput, reference dict); ``spec``, ``dp``: speculative decoding (engine.run.spec_inputs)."""
+    def run(rc, cfg, arrival, prompt, output, seed: int = 0, group=None, hit=None, spec=None, dp=None):
         arrival = np.ascontiguousarray(arrival, np.float64)
         if cfg.concurrency > 0:
             arrival = np.zeros_like(arrival)
@@ -71,7 +72,7 @@ def run_both():
         n = prompt.shape[0]
         group = np.full(n, -1, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
         hit = np.zeros(n, np.int64) if hit is None else np.ascontiguousarray(hit, np.int64)
-        out = simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit)
-        ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit)
+        out = simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit, spec, dp)
+        ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit, spec=spec, dp=dp)
         return out, ref
     return run

@@ -6,8 +6,11 @@ import math
 import numpy as np
 import pytest
 
+from servesim.costmodel import speculative as S
 from servesim.engine import codes as C
 from servesim.engine import kernel as K
+from servesim.engine import state as ST
+from servesim.engine.run import spec_inputs
 
 POLICIES = list(C.POLICIES)
 ROUTERS = list(C.ROUTERS)
@@ -125,3 +128,41 @@ def test_generated_tokens_match(replica_cost, small_engine, small_workload, run_
     assert done.all()
     np.testing.assert_array_equal(ref["generated"][done], output[done])
     assert not math.isnan(out.finish.max())
+
+
+# -- speculative decoding (servesim/costmodel/speculative.py): a decode verifies k drafts, yields the drawn tokens
+
+def _spec(rc, text, output, seed=0):
+    spec, dps = spec_inputs(S.parse_speculative(text), [rc], output, seed)
+    return spec, None if dps is None else dps[0]
+
+
+def _agree_spec(out, ref):
+    assert_agree(out, ref)
+    for k in (ST.STAT_DRAFT, ST.STAT_VERIFY, ST.STAT_SPEC_STEPS, ST.STAT_SPEC_TOKENS):
+        assert out.stats[k] == ref["stats"][k], k
+
+
+@pytest.mark.parametrize("text", ["eagle:k=3:acceptance=0.7", "ngram:k=4:acceptance=0.5",
+                                  "mtp:k=2:acceptance=0.8:delta=0.9"])
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "orca", "vllm-v0"])
+def test_kernel_equals_reference(policy, text, replica_cost, small_engine, small_workload, run_both):
+    rc = replica_cost()
+    cfg = small_engine(rc, scheduler=policy, replicas=2)
+    arrival, prompt, output = small_workload(n=120, seed=3, rate=80.0)
+    spec, dp = _spec(rc, text, output, seed=5)
+    out, ref = run_both(rc, cfg, arrival, prompt, output, seed=5, spec=spec, dp=dp)
+    _agree_spec(out, ref)
+    assert out.stats[ST.STAT_SPEC_STEPS] > 0
+
+
+@pytest.mark.parametrize("preemption", list(C.PREEMPTION))
+def test_kernel_equals_reference_with_preemption_and_pp(preemption, replica_cost, small_engine, small_workload,
+                                                         run_both):
+    rc = replica_cost(pp=2)
+    cfg = small_engine(rc, num_blocks=40, preemption=preemption)
+    arrival, prompt, output = small_workload(n=80, seed=2, rate=50.0, max_prompt=400, max_output=80)
+    spec, dp = _spec(rc, "eagle:k=4:acceptance=0.8", output, seed=1)
+    out, ref = run_both(rc, cfg, arrival, prompt, output, spec=spec, dp=dp)
+    _agree_spec(out, ref)
+    assert out.preemptions.sum() > 0, "the scenario must preempt, or the test is vacuous"

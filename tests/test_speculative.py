@@ -70,11 +70,6 @@ def test_draft_larger_than_target_is_refused():
         S.draft_model(S.parse_speculative("draft:k=2:acceptance=0.5:draft=llama-3.1-8b"), load_model("llama-3.1-8b"))
 
 
-def test_simulate_refuses_speculation_until_the_kernel_runs_it():
-    one_line_error("simulate", "--speculative", "mtp:k=1", "--num-requests", "10",
-                   must_contain=("does not run speculative decoding yet",))
-
-
 def _rc(model="llama-3.1-70b", tp=4):
     return build_replica(load_model(model), load_hardware("h100-sxm"), Layout(tp=tp), max_tokens=1024, max_seqs=256,
                          engine=load_engine("vllm"))

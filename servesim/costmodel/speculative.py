@@ -32,8 +32,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from ..errors import ConfigError, InfeasibleError
+from .iteration import _gemm_nb, iteration_components_nb
 
 METHODS = ("draft", "eagle", "mtp", "ngram")
 MTP_ACCEPTANCE = 0.85        # DeepSeek-V3 report, sec. 5.4.3: 85%-90% for the second token
@@ -191,29 +193,72 @@ def verify_aggregates(n: float, ctx: float, k: int):
     return n * q, n, n * q, n * q * (ctx + (q + 1.0) / 2.0), n * (ctx + q), 0.0, 0.0
 
 
+@njit(cache=True)
+def draft_time_nb(dp, target_dp, n, kv, k, proj):
+    """Drafting ``k`` tokens for ``n`` sequences whose contexts sum to ``kv``: k forwards of the draft
+    ``dp`` one after the other (each sequence's context one longer each time), priced as GPU work inside
+    the target's step (GEMMs, attention, elementwise, communication; its host time is the step's);
+    ``proj`` adds EAGLE's / MTP's 2h -> h projection per forward. A draft without DP attention on a
+    target with ``target_dp`` ranks runs on each rank over its share, ceil(n / ranks)."""
+    if n <= 0.0 or k <= 0:
+        return 0.0
+    m = n
+    kvm = kv
+    if dp.attn_dp <= 1.0 and target_dp > 1.0:
+        m = float(math.ceil(n / target_dp))
+        kvm = kv * m / n
+    t = 0.0
+    for i in range(k):
+        r = iteration_components_nb(dp, 0.0, 0.0, m, 0.0, 0.0, m, kvm + m * i)
+        t += r.gemm + r.attention + r.elementwise + r.communication
+        if proj > 0:
+            t += _gemm_nb(dp, m / max(dp.attn_dp, 1.0), 2.0 * dp.hidden, dp.hidden)
+    return t
+
+
 def price_step(rc, spec: Speculative, n: int, ctx: int, draft_rc=None) -> dict:
     """One speculative decode step of ``n`` sequences at context ``ctx`` on the lowered target replica
     ``rc``: draft and verification time (s), the expected tokens per sequence, the time per token and
     the plain decode step it replaces. ``draft_rc``: the lowered draft (`lower_draft`)."""
-    from .iteration import _gemm_nb, iteration_components_nb
     if draft_rc is None:
         draft_rc = lower_draft(rc, spec)
     plain = iteration_components_nb(rc.params, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
     verify = iteration_components_nb(rc.params, *verify_aggregates(float(n), float(ctx), spec.k)).latency
     draft = 0.0
     if draft_rc is not None:
-        p = draft_rc.params
-        m = float(n) if p.attn_dp > 1.0 or rc.params.attn_dp <= 1.0 else float(math.ceil(n / rc.params.attn_dp))
-        for i in range(spec.k):
-            r = iteration_components_nb(p, 0.0, 0.0, m, 0.0, 0.0, m, m * (ctx + 1.0 + i))
-            draft += r.gemm + r.attention + r.elementwise + r.communication   # inside the target's step
-            if spec.method in ("eagle", "mtp"):       # the 2h -> h projection of [hidden; embedding]
-                draft += _gemm_nb(p, m / max(p.attn_dp, 1.0), 2.0 * p.hidden, p.hidden)
+        draft = draft_time_nb(draft_rc.params, rc.params.attn_dp, float(n), float(n * (ctx + 1)), spec.k,
+                              int(spec.method in ("eagle", "mtp")))
     e = spec.expected_tokens
     return {"method": spec.method, "k": spec.k, "acceptance": spec.acceptance, "delta": spec.delta,
             "expected_tokens": e, "draft_s": draft, "verify_s": verify, "step_s": draft + verify,
             "per_token_s": (draft + verify) / e, "plain_step_s": plain,
             "speedup": plain / ((draft + verify) / e) if draft + verify > 0 else 0.0}
+
+
+def yields_distribution(spec: Speculative) -> np.ndarray:
+    """P(a step yields j + 1 tokens), j = 0 .. K accepted: prod_{i<=j} a_i (1 - a_{j+1}), the last
+    prod_{i<=K} a_i."""
+    a = np.minimum(spec.rates(), 1.0)
+    run = np.concatenate([[1.0], np.cumprod(a)])
+    p = run[:-1] * (1.0 - a)
+    return np.concatenate([p, run[-1:]])
+
+
+def spec_draws(spec: Speculative, output, seed: int):
+    """(yields, start): the tokens each decode step of each request yields, drawn before the run from
+    their own stream (seed, "SPEC"): request i's draws are yields[start[i]:start[i] + output[i]]
+    (a request takes at most output - 1 decode steps), int64 in 1 .. K + 1."""
+    output = np.asarray(output, dtype=np.int64)
+    n_steps = np.maximum(output, 1)
+    start = np.zeros(output.shape[0], np.int64)
+    if output.shape[0]:
+        start[1:] = np.cumsum(n_steps)[:-1]
+    total = int(n_steps.sum())
+    cdf = np.cumsum(yields_distribution(spec))
+    cdf[-1] = 1.0
+    u = np.random.default_rng([int(seed), 0x53504543]).random(total)
+    yields = (np.searchsorted(cdf, u, side="right") + 1).astype(np.int64)
+    return np.minimum(yields, spec.k + 1), start
 
 
 def lower_draft(rc, spec: Speculative):
@@ -226,5 +271,5 @@ def lower_draft(rc, spec: Speculative):
     return build_replica(d, rc.hw, lay, 1.0, max_tokens=256, max_seqs=256, engine=rc.engine)
 
 
-__all__ = ["lower_draft", "price_step", "verify_aggregates", "FORM", "METHODS", "MTP_ACCEPTANCE", "Speculative", "acceptance_for_length", "draft_layout",
+__all__ = ["draft_time_nb", "lower_draft", "price_step", "spec_draws", "verify_aggregates", "yields_distribution", "FORM", "METHODS", "MTP_ACCEPTANCE", "Speculative", "acceptance_for_length", "draft_layout",
            "draft_model", "expected_tokens", "parse_speculative"]

@@ -11,6 +11,7 @@ import math
 from numba import njit
 
 from ..costmodel.iteration import iteration_components_nb
+from ..costmodel.speculative import draft_time_nb
 from . import codes as C
 from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_nb
 from .jit import HANDLER
@@ -21,6 +22,7 @@ from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
     STAT_BUSY, STAT_ITERATIONS, STAT_PREEMPTIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
+    STAT_DRAFT, STAT_SPEC_STEPS, STAT_SPEC_TOKENS, STAT_VERIFY,
 )
 
 
@@ -62,7 +64,7 @@ def wake_nb(pools, rp, r, at):
 
 
 @njit(inline="always", **HANDLER)
-def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now):
+def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now, spec):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
     their blocks; on a prefill replica a finished prompt goes to a decode replica."""
     computed, generated, prompt = rq.computed, rq.generated, rq.prompt
@@ -81,6 +83,11 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
     for j in range(rp.slot_n[k]):
         i = slot_req[k, j]
         in_flight[i] = False
+        new = 1                     # tokens emitted
+        if spec is not None and generated[i] > 0 and computed[i] + 1 == prompt[i] + generated[i]:
+            new = slot_chunk[k, j]  # a verified decode: the accepted drafts and the target's own token
+            spec.steps[i] += 1
+            generated[i] += new - 1
         computed[i] += slot_chunk[k, j]
         if cache is not None and not rq.reg_done[i]:
             register_nb(cfg, rq, cache, chains, ctr, r, i)
@@ -105,6 +112,8 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
                     cached_gap = gap
                     cached_bin = gap_bin_nb(gap)
                 gap_hist[cached_bin] += 1
+                if new > 1:         # the step's other tokens come out with it: gaps of 0
+                    gap_hist[0] += new - 1
         last_token[i] = now
         if generated[i] >= rq.output[i]:
             rp.load[r] -= 1
@@ -310,7 +319,7 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 
 
 @njit(inline="always", **HANDLER)
-def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now):
+def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps):
     """A scheduling decision on replica r: form one micro-batch and launch it."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.pool[r]
@@ -318,17 +327,23 @@ def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, p
     if cfg.policy == C.STATIC:
         nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
-        nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now)
+        nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
+                                         spec)
     if nb > 0:
-        launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now)
+        if spec is not None:
+            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl])
+        else:
+            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl])
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
-    """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it."""
+def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp):
+    """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it. With
+    speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
+    (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``)."""
     pl = rp.pool[r]
     PP = pools.pp[pl]
     base = r * cfg.pp
@@ -340,10 +355,24 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
     kv_pf = 0.0
     n_dec = 0.0
     kv_dec = 0.0
+    n_spec = 0.0
+    kv_spec = 0.0
+    spec_tok = 0.0
     for j in range(nb):
         i = b_req[j]
         c = b_chunk[j]
         pend = prompt[i] + generated[i] - computed[i]
+        if spec is not None and generated[i] > 0 and pend == 1:
+            q = spec.k + 1.0
+            tp_tok += q
+            n_pf += 1.0
+            pairs += q * (computed[i] + (q + 1.0) / 2.0)
+            kv_pf += computed[i] + q
+            n_logit += q
+            n_spec += 1.0
+            kv_spec += computed[i] + 1.0
+            spec_tok += c
+            continue
         if generated[i] > 0 and pend == 1:
             n_dec += 1.0
             kv_dec += computed[i] + 1.0
@@ -359,8 +388,16 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now):
         kv_dec += rp.pad_kv[r]
         n_logit += rp.pad_seqs[r]
     cost = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
-    latency = cost.latency + swap_s
-    interval = cost.interval + swap_s
+    draft = 0.0
+    if spec is not None and n_spec > 0.0 and spec.draft > 0:
+        draft = draft_time_nb(dp, p.attn_dp, n_spec, kv_spec, spec.k, spec.proj)
+    latency = cost.latency + swap_s + draft
+    interval = cost.interval + swap_s + draft
+    if spec is not None and n_spec > 0.0:
+        stats[pl, STAT_DRAFT] += draft
+        stats[pl, STAT_VERIFY] += interval - draft
+        stats[pl, STAT_SPEC_STEPS] += n_spec
+        stats[pl, STAT_SPEC_TOKENS] += spec_tok
     # claim a pipeline slot
     k = base
     slot_end = rp.slot_end

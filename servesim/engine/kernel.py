@@ -76,7 +76,7 @@ def padded(ps: tuple) -> tuple:
     return tuple(ps) + (ps[0],) * (size - len(ps))
 
 
-def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
+def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None):
     """Run the kernel: ``ps`` one CostParams per pool (padded, `padded`); ``pools``, ``chains``: see
     engine/POOLS.md. The state is allocated here, in NumPy, and `run_nb` runs the loop over it."""
     n = prompt.shape[0]
@@ -94,21 +94,27 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains):
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
     # per pool: the PCIe path (s, B/s) and whether the engine schedules asynchronously (schedule.py)
     swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
+    # speculative decoding (``spec``, a state.Spec; ``dps`` the pools' draft CostParams, or the pools' own
+    # where nothing drafts on the GPU): None otherwise, and pruned
+    if spec is not None:
+        spec = spec._replace(steps=np.zeros(n, np.int64))
+        dps = padded(tuple(dps if dps is not None else ps))
     run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
-           pool_stats, prefix, gap_hist)
+           pool_stats, prefix, gap_hist, spec, dps)
     stats = pool_stats.sum(axis=0)          # the pools summed in order; the largest KV in use, the run's end time
     for j in (STAT_KV_MAX, STAT_END_TIME):
         stats[j] = max(0.0, pool_stats[:, j].max())
     return engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
 
 
-def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit):
+def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit, spec=None, dp=None):
     """One pool (cfg's pp, blocks, watermark). ``group``: shared-prefix group of each request (-1:
     none); ``hit``: prompt tokens its group's prefix covers in whole blocks (below its prompt)."""
     shared = bool(np.any(np.asarray(group) >= 0))
     chains = group_chains(group, hit, cfg.block_size) if shared else no_chains(len(prompt))
     cfg = cfg._replace(prefix_caching=int(cfg.prefix_caching or shared))
-    return simulate_pools((p,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2, chains)
+    return simulate_pools((p,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2, chains, spec,
+                          None if dp is None else (dp,))
 
 
 @njit(**HANDLER)
@@ -132,7 +138,7 @@ def skip_followups_nb(rq, ctr):
 
 
 @njit(cache=True, _nrt=False)
-def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist):
+def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps):
     """The event loop over state the caller owns (borrowed: see `jit.py`)."""
     n = rq.prompt.shape[0]
     now = 0.0
@@ -149,7 +155,7 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
         now = t
         if t_comp <= t:
             complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
-                        k % cfg.pp, now)
+                        k % cfg.pp, now, spec)
         elif flow is not None and t_x <= t:
             transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, x, now)
         elif t_arr <= t:
@@ -160,7 +166,7 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now)
+            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps)
     for r in range(cfg.replicas):
         if rp.n_in_flight[r] > 0:
             stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]

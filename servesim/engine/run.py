@@ -106,8 +106,24 @@ def kernel_inputs(cfg: EngineConfig, arrival, prompt, output, seed: int):
     return arrival, prompt, output, u1, u2
 
 
+def spec_inputs(speculative, pool_costs: list, output, seed: int):
+    """(state.Spec, the pools' draft CostParams or None) of a run with ``speculative`` (a parsed
+    costmodel.speculative.Speculative; (None, None) without): the draws of every decode step (their own
+    stream of ``seed``) and each pool's draft lowered on its own replica (nothing for ngram)."""
+    if speculative is None:
+        return None, None
+    from ..costmodel.speculative import lower_draft, spec_draws
+    from .state import Spec
+    yields, start = spec_draws(speculative, output, seed)
+    drafts = [lower_draft(rc, speculative) for rc in pool_costs]
+    has = all(d is not None for d in drafts)
+    spec = Spec(int(speculative.k), int(has), int(speculative.method in ("eagle", "mtp")), yields, start,
+                np.zeros(len(start), np.int64))
+    return spec, (tuple(d.params for d in drafts) if has else None)
+
+
 def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: int,
-               prefix_group=None, prefix_len=None) -> EngineOutput:
+               prefix_group=None, prefix_len=None, speculative=None) -> EngineOutput:
     """Run the kernel; ``prefix_group`` / ``prefix_len`` (from the workload) drive its prefix cache.
 
     ``arrival`` are the clients' send times; the engine receives each request ``cfg.frontend`` later
@@ -115,17 +131,20 @@ def run_engine(replica_cost, cfg: EngineConfig, arrival, prompt, output, seed: i
     first token), so the records' arrival is the send time and TTFT and E2E include it."""
     arrival, prompt, output, u1, u2 = kernel_inputs(cfg, arrival, prompt, output, seed)
     group, hit = prefix_arrays(prompt.shape[0], cfg.block_size, prompt, prefix_group, prefix_len)
-    out = simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit)
+    spec, dps = spec_inputs(speculative, [replica_cost], output, seed)
+    out = simulate_nb(replica_cost.params, cfg, arrival, prompt, output, u1, u2, group, hit, spec,
+                      None if dps is None else dps[0])
     return out._replace(arrival=out.arrival - cfg.frontend)
 
 
 def run_pools(pool_costs: list, cfg: EngineConfig, pools: Pools, arrival, prompt, output, seed: int,
-              chains: Chains) -> EngineOutput:
+              chains: Chains, speculative=None) -> EngineOutput:
     """Run the kernel over several pools (engine/POOLS.md): ``pool_costs[k]`` is pool k's lowered
     replica; ``cfg`` the deployment's EngineConfig (``replicas``: all pools', ``pp``: the deepest);
     the frontend offset and router draws as `run_engine`. Session turns (``chains.next_turn``) are
     sent when their previous turn ends; their ``arrival`` is ignored."""
     arrival, prompt, output, u1, u2 = kernel_inputs(cfg, arrival, prompt, output, seed)
     ps = tuple(rc.params for rc in pool_costs)
-    out = simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains)
+    spec, dps = spec_inputs(speculative, pool_costs, output, seed)
+    out = simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec, dps)
     return out._replace(arrival=out.arrival - cfg.frontend)

@@ -153,8 +153,10 @@ def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, 
 
 
 @njit(inline="always", **HANDLER)
-def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now):
-    """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s)."""
+def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now, spec):
+    """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s).
+    With speculative decoding (``spec``) a decode verifies k + 1 tokens (of the token budget), holds
+    blocks for them (k lookahead slots) and advances by the tokens its step yields."""
     B = cfg.max_num_seqs
     wm = pools.watermark_blocks[rp.pool[r]]
     pol = cfg.policy
@@ -211,11 +213,21 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                         continue
                     break
                 c = pend
-                if c > budget:
+                tok = pend              # tokens the step computes (of the budget)
+                ahead = pend            # tokens whose KV it holds
+                if spec is not None and generated[i] > 0 and pend == 1:
+                    tok = spec.k + 1
+                    if tok > budget:
+                        continue        # a verification is not split
+                    c = min(spec.yields[spec.start[i] + spec.steps[i]], rq.output[i] - generated[i])
+                    ahead = min(tok, rq.output[i] - generated[i])
+                elif c > budget:
                     if pol == C.ORCA:
                         continue
                     c = budget
-                need = blocks_for_nb(computed[i] + c, cfg.block_size) - blocks[i]
+                    tok = c
+                    ahead = c
+                need = blocks_for_nb(computed[i] + ahead, cfg.block_size) - blocks[i]
                 victim_self = False
                 while need > free_blocks[r]:
                     # preempt the youngest running request that is not in flight
@@ -254,7 +266,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                 b_req[nb] = i
                 b_chunk[nb] = c
                 nb += 1
-                budget -= c
+                budget -= tok
     # 2) admit waiting requests in FCFS order (none after a preemption in this step). Async
     #    scheduling (vLLM V1, host work overlapping the GPU, one stage): this step was planned when
     #    the step now ending was launched, so while it has running members a request that arrived

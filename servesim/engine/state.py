@@ -104,7 +104,11 @@ STAT_OVERHEAD = 14
 STAT_TOKENS_TIME = 15       # sum of tokens x interval
 STAT_INFLIGHT_TIME = 16     # sum over replicas of time with at least one micro-batch in flight
 STAT_STAGE_BUSY = 17        # sum over replicas of the busy time of each later pipeline stage
-N_STATS = 18
+STAT_DRAFT = 18             # speculative decoding: draft time of the steps
+STAT_VERIFY = 19            # ... the rest of the steps that verified drafts (interval - draft)
+STAT_SPEC_STEPS = 20        # ... sequence-steps that verified drafts
+STAT_SPEC_TOKENS = 21       # ... the tokens those steps yielded (accepted drafts + the target's own)
+N_STATS = 22
 
 # the run's counters (an int64 array, `new_counters`)
 NEXT_ARRIVAL = 0            # the next request to arrive
@@ -213,6 +217,19 @@ class Flow(NamedTuple):
     heap_t: np.ndarray
     heap_i: np.ndarray
     active: np.ndarray          # requests whose KV transfer is in flight
+
+
+class Spec(NamedTuple):
+    """Speculative decoding (costmodel/speculative.py; None when a run does not use it): every decode
+    step of request i verifies ``k`` draft tokens and yields ``yields[start[i] + steps[i]]`` tokens
+    (1 .. k + 1, drawn before the run, `spec_draws`); ``draft`` 1: the pools' draft params price the
+    drafting, ``proj`` 1: plus the 2h -> h projection of EAGLE / MTP."""
+    k: int
+    draft: int
+    proj: int
+    yields: np.ndarray          # int64, per request from start[i]
+    start: np.ndarray           # int64
+    steps: np.ndarray           # int64, decode steps taken (state)
 
 
 class Step(NamedTuple):

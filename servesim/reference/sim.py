@@ -113,6 +113,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..costmodel.iteration import iteration_components_nb
+from ..costmodel.speculative import draft_time_nb
 from ..engine import codes as C
 from ..engine import state as S
 
@@ -320,8 +321,12 @@ def gap_bin(gap: float) -> int:
 
 
 class ReferenceSimulator:
-    def __init__(self, ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=True):
+    def __init__(self, ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=True, spec=None, dps=None):
         self.ps = tuple(ps)
+        # speculative decoding (state.Spec, the pools' draft CostParams): request i's j-th decode step
+        # verifies spec.k drafts and yields spec.yields[spec.start[i] + j] tokens
+        self.spec = spec
+        self.dps = tuple(dps) if dps is not None else self.ps
         self.cfg = cfg
         self.pools = pools
         self.u1 = np.asarray(u1, dtype=np.float64)
@@ -333,6 +338,7 @@ class ReferenceSimulator:
             raise ValueError(f"{len(self.ps)} cost params for {P} pools")
         self.requests = [Request(i, float(a), int(pr), int(o))
                          for i, (a, pr, o) in enumerate(zip(arrival, prompt, output))]
+        self.spec_steps = [0] * n
         start, length, ids = np.asarray(chains.start), np.asarray(chains.length), np.asarray(chains.ids)
         for q in self.requests:
             s, ln = int(start[q.index]), int(length[q.index])
@@ -560,6 +566,11 @@ class ReferenceSimulator:
         freed = False
         for req, chunk in mb.members:
             req.in_flight = False
+            new = 1                         # tokens emitted
+            if self.spec is not None and req.is_decode:
+                new = chunk                 # the accepted drafts and the target's own token
+                self.spec_steps[req.index] += 1
+                req.generated += new - 1
             req.computed += chunk
             self.register(rep, req)
             if req.computed != req.prompt + req.generated:
@@ -581,6 +592,7 @@ class ReferenceSimulator:
                 req.max_gap = max(req.max_gap, gap)
                 if req.arrival >= self.cfg.warmup_time:
                     self.gap_hist[gap_bin(gap)] += 1
+                    self.gap_hist[0] += new - 1     # the step's other tokens: gaps of 0
             req.last_token = self.now
             if req.generated >= req.output:
                 if self.cfg.policy == C.STATIC:
@@ -850,11 +862,20 @@ class ReferenceSimulator:
                 if len(step.members) >= B or step.budget <= 0:
                     continue
                 chunk = req.pending
-                if chunk > step.budget:
+                tokens = ahead = chunk
+                if self.spec is not None and req.is_decode:
+                    # verify k drafts: k + 1 tokens of the budget, their KV held (lookahead slots)
+                    tokens = self.spec.k + 1
+                    if tokens > step.budget:
+                        continue
+                    left = req.output - req.generated
+                    chunk = min(int(self.spec.yields[self.spec.start[req.index] + self.spec_steps[req.index]]), left)
+                    ahead = min(tokens, left)
+                elif chunk > step.budget:
                     if pol == C.ORCA:
                         continue
-                    chunk = step.budget
-                need = self.blocks_needed(req, chunk)
+                    chunk = tokens = ahead = step.budget
+                need = self.blocks_needed(req, ahead)
                 while need > rep.kv.free:
                     victim = next((q for q in reversed(rep.running)
                                    if not q.in_flight and not step.contains(q)), None)
@@ -870,7 +891,7 @@ class ReferenceSimulator:
                     continue
                 rep.kv.take(need)
                 req.blocks += need
-                step.add(req, chunk)
+                step.add(req, chunk, tokens)
         if decode_only or step.preempted or step.stalled:
             return
         # async scheduling (POOLS.md): while the step has running members, a request that arrived
@@ -927,8 +948,20 @@ class ReferenceSimulator:
     # ------------------------------------------------------------------ pricing and launch
     def launch(self, rep: Replica, step: "Step"):
         tp_tok = n_pf = n_logit = pairs = kv_pf = n_dec = kv_dec = 0.0
+        n_spec = kv_spec = spec_tok = 0.0
         for req, c in step.members:
             pend = req.pending
+            if self.spec is not None and req.is_decode:
+                q = self.spec.k + 1.0       # a verification: a short prefill of k + 1 tokens, all sampled
+                tp_tok += q
+                n_pf += 1.0
+                pairs += q * (req.computed + (q + 1.0) / 2.0)
+                kv_pf += req.computed + q
+                n_logit += q
+                n_spec += 1.0
+                kv_spec += req.computed + 1.0
+                spec_tok += c
+                continue
             if req.generated > 0 and pend == 1:
                 n_dec += 1.0
                 kv_dec += req.computed + 1.0
@@ -944,8 +977,17 @@ class ReferenceSimulator:
             kv_dec += rep.pad_kv
             n_logit += rep.pad_seqs
         cost = iteration_components_nb(self.ps[rep.pool], tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
-        latency = cost.latency + step.swap_s
-        interval = cost.interval + step.swap_s
+        draft = 0.0
+        if self.spec is not None and n_spec > 0 and self.spec.draft:
+            draft = draft_time_nb(self.dps[rep.pool], self.ps[rep.pool].attn_dp, n_spec, kv_spec, self.spec.k,
+                                  self.spec.proj)
+        latency = cost.latency + step.swap_s + draft
+        interval = cost.interval + step.swap_s + draft
+        if self.spec is not None and n_spec > 0:
+            self.add_stat(rep, S.STAT_DRAFT, draft)
+            self.add_stat(rep, S.STAT_VERIFY, interval - draft)
+            self.add_stat(rep, S.STAT_SPEC_STEPS, n_spec)
+            self.add_stat(rep, S.STAT_SPEC_TOKENS, spec_tok)
         slot = rep.slots.index(None)
         if rep.in_flight == 0:
             rep.inflight_since = self.now
@@ -1023,9 +1065,10 @@ class Step:
     preempted: bool = False
     stalled: bool = False      # a running request waits for blocks held by a micro-batch in flight
 
-    def add(self, req: Request, chunk: int):
+    def add(self, req: Request, chunk: int, tokens: int | None = None):
+        """``chunk``: the tokens the member advances by; ``tokens``: of the budget (a verification: k + 1)."""
         self.members.append((req, chunk))
-        self.budget -= chunk
+        self.budget -= chunk if tokens is None else tokens
 
     def contains(self, req: Request) -> bool:
         return any(q is req for q, _ in self.members)
@@ -1060,7 +1103,8 @@ def group_chains(group, hit, block_size: int) -> S.Chains:
                     next_turn=np.full(n, -1, np.int64), think=np.zeros(n))
 
 
-def reference_simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=True) -> dict:
+def reference_simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=True, spec=None,
+                             dps=None) -> dict:
     """Run the reference simulator; same inputs as `simulate_pools_nb`, a dict of NumPy arrays out.
 
     Keys: arrival (engine arrival times; closed loop and session turns fill them in), scheduled,
@@ -1072,10 +1116,12 @@ def reference_simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, ch
     total_preemptions. With `check`, KV accounting is verified after every event and raises
     `KVAccountingError` on any inconsistency.
     """
-    return ReferenceSimulator(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=check).run()
+    return ReferenceSimulator(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=check, spec=spec,
+                              dps=dps).run()
 
 
-def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, group=None, hit=None, check=True) -> dict:
+def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, group=None, hit=None, check=True, spec=None,
+                       dp=None) -> dict:
     """`reference_simulate_pools` with one mixed pool described by cfg (as `simulate_nb`); the
     shared-prefix groups become chains (`group_chains`) and turn prefix caching on."""
     n = len(prompt)
@@ -1084,4 +1130,5 @@ def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, group=None,
     if (group >= 0).any():
         cfg = cfg._replace(prefix_caching=1)
     return reference_simulate_pools((params,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2,
-                                    group_chains(group, hit, cfg.block_size), check=check)
+                                    group_chains(group, hit, cfg.block_size), check=check, spec=spec,
+                                    dps=None if dp is None else (dp,))
