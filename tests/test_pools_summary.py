@@ -95,7 +95,7 @@ def test_a_request_caught_in_transfer_is_counted_unfinished():
 
 
 def _fake_run_pools(seen):
-    def run_pools(pool_costs, cfg, pools, arrival, prompt, output, seed, chains):
+    def run_pools(pool_costs, cfg, pools, arrival, prompt, output, seed, chains, speculative=None):
         seen.update(costs=pool_costs, cfg=cfg, pools=pools, chains=chains)
         n = len(arrival)
         arr = np.asarray(arrival) + cfg.frontend
