@@ -3,7 +3,7 @@
 llama-3.1-8b on h100-sxm, vllm policy, round-robin router, PP = 1, the chat workload's lengths
 with Poisson arrivals. Every replica gets the same load (`--load`, default 80% of one replica's simulated capacity,
 `--per-replica` requests each, at least `--min-requests` in all), so only the number of replicas
-changes. Times the kernel alone (`run_engine`: no workload sampling, no pandas) in CPU seconds of
+changes. Times the kernel alone (`engine.run.run`: no workload sampling, no pandas) in CPU seconds of
 this process (the machine may be shared), best of `--repeats` runs after a compiling warm-up, and
 prints microseconds per iteration.
 
@@ -19,7 +19,8 @@ import numpy as np
 from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
 from servesim.engine.kernel import STAT_END_TIME, STAT_ITERATIONS
-from servesim.engine.run import EngineOptions, engine_config, run_engine
+from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
+from servesim.engine.run import run
 from servesim.workload import build_requests, load_workload
 
 
@@ -41,7 +42,7 @@ def main():
     # one replica's capacity: offline throughput on the same lengths
     prompt, output = lengths(4000, 1)
     cfg = engine_config(EngineOptions(), rc)
-    out = run_engine(rc, cfg, np.zeros(4000), prompt, output, 0)
+    out = run(one_pool_inputs(rc.params, cfg, np.zeros(4000), prompt, output, frontend=True))
     capacity = 4000 / out.stats[STAT_END_TIME]
     print(f"one replica: {capacity:.1f} req/s offline; load {args.load:.0%} of that per replica")
     for r in (int(x) for x in args.replicas.split(",")):
@@ -53,7 +54,7 @@ def main():
         best = None
         for _ in range(args.repeats):
             t0 = time.process_time()
-            out = run_engine(rc, cfg, arrival, prompt, output, 0)
+            out = run(one_pool_inputs(rc.params, cfg, arrival, prompt, output, frontend=True))
             cpu = time.process_time() - t0
             best = cpu if best is None else min(best, cpu)
         iters = int(out.stats[STAT_ITERATIONS])

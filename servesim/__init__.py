@@ -4,7 +4,7 @@ The Python API: `simulate` (servesim.api) and `sweep`, `find_max_rate`, `plan`, 
 `compare`, `calibrate`, `validate` (servesim.workflows), one per command of the CLI.
 """
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 from ._jitcache import ensure_fresh as _ensure_fresh
 

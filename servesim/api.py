@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -11,8 +11,8 @@ import pandas as pd
 from .config import load_hardware, load_model
 from .config.engine import load_engine, replica_provenance
 from .engine.budget import check_run_memory
-from .engine.lower import replica_of
-from .engine.run import EngineOptions, engine_config, run_engine
+from .engine.lower import engine_options, lower_deployment, lower_requests, replica_of
+from .engine.run import run
 from .errors import ConfigError
 from .metrics import requests_frame, summarize
 from .options import SimConfig, default_rate, plain
@@ -161,20 +161,10 @@ def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
     return config
 
 
-def engine_options(cfg: SimConfig, window=None) -> EngineOptions:
-    """The engine options of a resolved config (watermark and frontend: set per engine profile)."""
-    shared = {f.name: getattr(cfg, f.name) for f in fields(EngineOptions) if f.name in declared()}
-    if cfg.attn_dp > 1:     # every DP attention rank schedules its own batch (costmodel/ep.py)
-        shared.update(max_num_seqs=cfg.max_num_seqs * cfg.attn_dp,
-                      max_num_batched_tokens=cfg.max_num_batched_tokens * cfg.attn_dp)
-    return EngineOptions(**shared | dict(
-        duration=math.inf if cfg.duration is None or window else cfg.duration, warmup_time=cfg.warmup))
-
-
-def _uses_pools(cfg: SimConfig, reqs) -> bool:
-    """Run the pools kernel (`engine.run.run_pools`): pools given, or a feature only it has (a CPU tier,
-    the prefix-aware router, sessions, prompts re-sent per user); else today's single-pool kernel (`--layerwise-transfer` and
-    `--kv-link` do nothing without prefill and decode pools: a warning)."""
+def _pool_report(cfg: SimConfig, reqs) -> bool:
+    """The summary reports pools (its `pools`, `prefix_cache`, `kv_transfer_ms` blocks, the deployment's
+    totals) when pools are given or a feature of theirs is used (a CPU tier, the prefix-aware router,
+    sessions, prompts re-sent per user); else it keeps the single-pool form (one replica's GPUs, price and KV blocks)."""
     sessions = getattr(reqs, "next_turn", None)
     users = getattr(reqs, "prefix_user", None)      # prompts re-sent per user: the workload's chains
     return bool(cfg.pool) or cfg.cpu_kv_gib > 0 or cfg.router == "prefix-aware" or \
@@ -182,48 +172,40 @@ def _uses_pools(cfg: SimConfig, reqs) -> bool:
         (users is not None and cfg.prefix_caching is not False and bool(np.any(np.asarray(users) >= 0)))
 
 
-def _chains(cfg: SimConfig, reqs):
-    """The kernel's `Chains`: the workload's block chains (`workload.chains.block_chains`) with prefix
-    caching on; without it empty chains keeping the sessions' turns and think times."""
-    from .engine.state import Chains
-    n = int(reqs.arrival.size)
-    nt = getattr(reqs, "next_turn", None)
-    th = getattr(reqs, "think", None)
-    next_turn = np.full(n, -1, np.int64) if nt is None else np.ascontiguousarray(nt, dtype=np.int64)
-    think = np.zeros(n) if th is None else np.ascontiguousarray(th, dtype=np.float64)
-    if cfg.prefix_caching:
-        from .workload.chains import block_chains
-        return block_chains(reqs, cfg.block_size)
-    z = np.zeros(n, np.int64)
-    return Chains(z, z.copy(), np.zeros(0, np.int64), next_turn, think)
-
-
-def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profile):
-    """Lower every pool, check it can hold the requests, run the pools kernel."""
-    from .pools import check_block_size, check_pool_capacity, lower_pools, specs_of
-    specs = specs_of(cfg)
-    lowered, pools = lower_pools(cfg, model, specs, opts, hw_profile=hardware_profile, engine_profile=engine_profile)
-    for lp in lowered:
-        check_block_size(cfg, lp.cost.engine)
+def _check_capacity(cfg: SimConfig, dep, reqs) -> None:
+    """Every pool can hold the requests (`pools.check_pool_capacity`; the single-pool shorthand in
+    its own words, `_check_blocks`); sessions are not a closed loop."""
+    from .pools import check_pool_capacity
     if getattr(reqs, "next_turn", None) is not None and cfg.concurrency > 0 and np.any(np.asarray(reqs.next_turn) >= 0):
         raise ConfigError(f"--concurrency {cfg.concurrency} and a sessions workload contradict: turns are sent a think "
                           "time after the previous one ends, not by a closed loop; drop --concurrency")
-    check_pool_capacity(lowered, reqs.prompt, reqs.output, cfg.block_size,
+    if not cfg.pool:
+        _check_blocks(cfg, dep.cfg, reqs)
+        return
+    check_pool_capacity(dep.pools, reqs.prompt, reqs.output, cfg.block_size,
                         given_blocks=cfg.num_gpu_blocks is not None)
-    try:
-        from .engine.run import run_pools
-    except ImportError:
-        raise ConfigError("--pool, --cpu-kv-gib, --router prefix-aware, --layerwise-transfer and sessions need the "
-                          "pools kernel (engine.run.run_pools), which this build does not have yet") from None
-    first = lowered[0].cost      # the frontend and the deployment-wide settings: pool 0's engine
-    ecfg = engine_config(replace(opts, replicas=lowered[0].spec.replicas, watermark=first.engine.scheduler.watermark,
-                                 frontend=first.engine.fit_for(first.hw).frontend_s), first)
-    ecfg = ecfg._replace(replicas=int(sum(lp.spec.replicas for lp in lowered)),
-                         pp=int(max(lp.spec.pp for lp in lowered)), prefix_caching=int(bool(cfg.prefix_caching)),
-                         layerwise=int(bool(cfg.layerwise_transfer)))
-    out = run_pools([lp.cost for lp in lowered], ecfg, pools, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
-                    _chains(cfg, reqs), speculative=cfg.speculative)
-    df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
+
+
+def _single_summary(cfg: SimConfig, dep, hw):
+    """The single-pool form: one replica's GPUs, price and KV blocks."""
+    from .costmodel.dtypes import compute_dtype
+    rc, ecfg = dep.pools[0].cost, dep.cfg
+    price = cfg.price if cfg.price is not None else hw.usd_per_hour
+    summary_args = dict(num_gpus_per_replica=rc.num_gpus, replicas=cfg.replicas, usd_per_gpu_hour=price,
+                        peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
+                        num_blocks=ecfg.num_blocks)
+    config_extra = {"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
+                    "fit": replica_provenance(rc),
+                    "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
+                    "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
+                    "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30}
+    return summary_args, config_extra
+
+
+def _pools_summary(cfg: SimConfig, dep, out, df, reqs):
+    """The pools form: the deployment's totals, one entry per pool; per request its session and
+    turn, prefill replica and KV transfer."""
+    lowered, pools, ecfg = dep.pools, dep.table, dep.cfg
     if getattr(reqs, "session", None) is not None and np.any(np.asarray(reqs.session) >= 0):
         df["session"], df["turn"] = np.asarray(reqs.session, np.int64), np.asarray(reqs.turn, np.int64)
     df["pf_replica"] = np.asarray(out.pf_replica, np.int64)
@@ -246,9 +228,9 @@ def _run_pools(cfg: SimConfig, model, opts, reqs, hardware_profile, engine_profi
              "weights_gib_per_gpu": lp.cost.memory.weight_bytes / 2**30}
             for k, lp in enumerate(lowered)]
     config_extra = {"num_gpus": n_gpus, "pools": meta}
-    if not cfg.pool:     # the single-pool options run here (sessions, re-sent prompts): their config fields too
+    if not cfg.pool:     # the single-pool options in the pools form (sessions, re-sent prompts): their fields too
         config_extra |= {"engine_fit": meta[0]["engine_fit"], "kv_blocks_per_replica": lowered[0].num_blocks}
-    return summary_args, config_extra, out, df
+    return summary_args, config_extra
 
 
 def _pools_part(cfg: SimConfig, out, df, meta: list[dict], summary: dict) -> dict:
@@ -323,11 +305,6 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     cfg, model, hw, workload = resolve(cfg, hardware_profile)
     from .pools import check_block_size, specs_of
     specs = specs_of(cfg)
-    rc = None if cfg.pool else replica_of(cfg, model, hw, engine_profile)   # pools: lowered in _run_pools
-    if rc is not None:
-        check_block_size(cfg, rc.engine)
-    # refuse, before any work, a run the machine cannot hold
-    check_run_memory(replace(cfg, replicas=sum(s.replicas for s in specs), pp=max(s.pp for s in specs)), workload)
     rate = None
     if cfg.stages is not None:  # time-averaged offered rate
         rate = sum(r * d for r, d in cfg.stages) / sum(d for _, d in cfg.stages)
@@ -338,6 +315,12 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     # daily arrivals with --duration and no --num-requests: the requests of that window of the day
     daily = cfg.arrival == "daily" and rate is not None and cfg.stages is None and cfg.trace_mode == "lengths"
     window = cfg.duration if daily and cfg.num_requests is None and math.isfinite(rate) else None
+    # the one lowering (engine/lower.py): every pool priced, then the requests
+    dep = lower_deployment(cfg, model, specs, engine_options(cfg, window), hw=hw, engine_profile=engine_profile)
+    for lp in dep.pools:
+        check_block_size(cfg, lp.cost.engine)
+    # refuse, before any work, a run the machine cannot hold
+    check_run_memory(replace(cfg, replicas=sum(s.replicas for s in specs), pp=max(s.pp for s in specs)), workload)
     reqs = build_requests(workload, cfg.num_requests, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv,
                           offline=cfg.offline or cfg.concurrency > 0, isl=cfg.isl, osl=cfg.osl,
                           trace_mode=cfg.trace_mode, max_len=model.max_context, stages=cfg.stages,
@@ -347,29 +330,13 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         arrival = "trace"
         if cfg.trace_mode == "replay":
             rate = trace["mean_rate"]
-    opts = engine_options(cfg, window)
-    if rc is not None:
-        opts = replace(opts, watermark=rc.engine.scheduler.watermark, frontend=rc.engine.fit_for(rc.hw).frontend_s)
-    if _uses_pools(cfg, reqs):
-        summary_args, config_extra, out, df = _run_pools(cfg, model, opts, reqs, hardware_profile, engine_profile)
+    _check_capacity(cfg, dep, reqs)
+    out = run(lower_requests(dep, reqs, cfg.seed, cfg.speculative))
+    df = requests_frame(out, reqs.prompt, reqs.output, dep.cfg.frontend)
+    if _pool_report(cfg, reqs):
+        summary_args, config_extra = _pools_summary(cfg, dep, out, df, reqs)
     else:
-        ecfg = engine_config(opts, rc)
-        _check_blocks(cfg, ecfg, reqs)
-        shared_prefix = cfg.prefix_caching is not False     # today's kernel: the system prompts' prefix cache
-        out = run_engine(rc, ecfg, reqs.arrival, reqs.prompt, reqs.output, cfg.seed,
-                         prefix_group=reqs.prefix_group if shared_prefix else None,
-                         prefix_len=reqs.prefix_len if shared_prefix else None, speculative=cfg.speculative)
-        df = requests_frame(out, reqs.prompt, reqs.output, ecfg.frontend)
-        price = cfg.price if cfg.price is not None else hw.usd_per_hour
-        from .costmodel.dtypes import compute_dtype
-        summary_args = dict(num_gpus_per_replica=rc.num_gpus, replicas=cfg.replicas, usd_per_gpu_hour=price,
-                            peak_flops=hw.peak_flops[compute_dtype(cfg.dtype, hw.peak_flops)], hbm_bw=hw.hbm_bw,
-                            num_blocks=ecfg.num_blocks)
-        config_extra = {"engine_fit": rc.engine.fit_for(rc.hw).note or "given in memory",
-                        "fit": replica_provenance(rc),
-                        "num_gpus": rc.num_gpus * cfg.replicas, "kv_blocks_per_replica": ecfg.num_blocks,
-                        "kv_capacity_tokens_per_replica": ecfg.num_blocks * ecfg.block_size,
-                        "weights_gib_per_gpu": rc.memory.weight_bytes / 2**30}
+        summary_args, config_extra = _single_summary(cfg, dep, hw)
     summary = summarize(df, out, warmup=cfg.warmup, slo=cfg.slo or Slo(), offered_rate=rate, stages=cfg.stages,
                         concurrency=cfg.concurrency, **summary_args)
     pools_part = {}
@@ -381,6 +348,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
                    "arrival": arrival, "trace": trace})
     if daily:   # the window of the day sent and the delivered rate (only for daily runs)
         config["daily"] = daily_window(reqs.arrival, rate, window_s=window)
+    rc = None if cfg.pool else dep.pools[0].cost
     summary["model_error"] = _model_error(cfg, model, hw, rc, engine_profile, summary)
     if cfg.speculative is not None:
         summary["speculative"] = speculative_summary(cfg.speculative, out.stats)

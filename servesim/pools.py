@@ -1,39 +1,18 @@
-"""Replica pools: `--pool HW:tpN[:ppM]:xR[:role][:dtype=D][:engine=E]` -> `PoolSpec` -> the kernel's
-per-pool arrays (`engine.state.Pools`, semantics in servesim/engine/POOLS.md).
+"""Replica pools: `--pool HW:tpN[:ppM]:xR[:role][:dtype=D][:engine=E]` -> `PoolSpec`, checked; the
+semantics of pools are in servesim/engine/POOLS.md.
 
 A deployment is one or more pools, each with its own hardware, engine profile, weight dtype, TP, PP,
 replica count and role (mixed: prefill and decode on the same replicas; prefill / decode: the
 disaggregated roles, the KV cache moving from a prefill replica to a decode replica). Without
 ``--pool`` the single-pool options (``--hardware --tp --pp --replicas``) make one mixed pool.
 
-Lowering (`lower_pools`) prices each pool with its own replica (`engine.lower.replica_of` on its hardware,
-engine, dtype, TP, PP; the deployment's gpu_memory_utilization, max_num_seqs, token budget and block
-size) and fills, per pool:
-
-* ``num_blocks``: the KV blocks of one replica as `engine.run.engine_config` computes them (or
-  ``--num-gpu-blocks``, for every pool), ``watermark_blocks`` from the pool's engine profile;
-* ``cpu_blocks``: ``floor(--cpu-kv-gib * 2**30 / (block_size * kv_bytes_total))``, the host-memory
-  tier of one replica (0 without ``--cpu-kv-gib``);
-* ``kv_bytes_per_token``: per GPU (the memory plan's figure, its stage's layers);
-  ``kv_bytes_total``: that x TP x PP (every GPU of a replica holds KV: its TP shard of its stage's
-  layers; KV heads replicated when TP exceeds them are counted on every GPU, as they are stored;
-  with PP not dividing the layers the fullest stage is counted on every stage);
-  ``kv_gpus`` = TP x PP;
-* ``weight`` (the router's capacity weight per replica): TP x PP x the dense peak FLOP/s of the
-  pool's hardware at its GEMM dtype, in PFLOP/s. A peak rather than a lowered iteration: it needs no
-  reference batch and ranks pools the way their datasheets do; only ratios between pools matter;
-* ``link_bw`` / ``link_alpha`` between two pools: the scale-up fabric (NVLink; the point-to-point
-  figures of `costmodel.collectives.p2p_link`, the rate above its size step, KV transfers being tens
-  of MiB) when both pools run on the same hardware and all their GPUs fit one scale-up domain
-  (``hw.scaleup_domain``), else the NIC (``hw.scaleout_bw x scaleout_bw_fraction``,
-  ``scaleout_latency_s``; the slower side's). ``--kv-link nvlink|nic`` forces one.
+Lowering each pool into the kernel's per-pool arrays is `engine.lower`'s (`lower_deployment`).
 """
 from __future__ import annotations
 
 import difflib
-import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -188,90 +167,7 @@ def check_block_size(cfg, engine) -> None:
                       f"({why}); use one of {', '.join(map(str, allowed))} or --no-prefix-caching")
 
 
-@dataclass(frozen=True)
-class LoweredPool:
-    spec: PoolSpec
-    cost: object                 # ReplicaCost
-    num_blocks: int
-    watermark_blocks: int
-    cpu_blocks: int
-    usd_per_gpu_hour: float
-    peak_flops: float            # per GPU, at its GEMM dtype
-
-
-def _link(a: LoweredPool, b: LoweredPool, same: bool, kv_link: str) -> tuple[float, float]:
-    """(achieved B/s, alpha s) of a KV transfer from a GPU of pool a to one of pool b."""
-    from .costmodel.collectives import p2p_link
-    ha, hb = a.cost.hw, b.cost.hw
-    gpus = a.spec.gpus + (0 if same else b.spec.gpus)
-    if kv_link == "auto":
-        kv_link = "nvlink" if (ha.name == hb.name and ha.scaleup_bw > 0 and gpus <= ha.scaleup_domain) else "nic"
-    if kv_link == "nvlink":
-        for h in (ha, hb):
-            if h.scaleup_bw <= 0:
-                raise ConfigError(f"--kv-link nvlink: {h.name} has no scale-up fabric; use --kv-link nic or auto")
-        la = p2p_link(ha, min(2, ha.scaleup_domain))
-        lb = p2p_link(hb, min(2, hb.scaleup_domain))
-        return min(la[3], lb[3]), max(la[2], lb[2])
-    bw = min(h.scaleout_bw * h.efficiency.scaleout_bw_fraction for h in (ha, hb))
-    return bw, max(ha.efficiency.scaleout_latency_s, hb.efficiency.scaleout_latency_s)
-
-
-def lower_pools(cfg, model, specs: list[PoolSpec], opts, *, hw_profile=None, engine_profile=None):
-    """Resolved SimConfig + pool specs + the deployment's EngineOptions -> (list[LoweredPool],
-    state.Pools). ``hw_profile`` / ``engine_profile``: in-memory profiles for pools on ``cfg.hardware``
-    / ``cfg.engine`` (calibration)."""
-    from .engine.lower import replica_of
-    from .config import load_hardware
-    from .config.engine import load_engine
-    from .costmodel.dtypes import compute_dtype
-    from .engine.run import engine_config
-    from .engine.state import Pools
-    lowered = []
-    for s in specs:
-        hw = hw_profile if hw_profile is not None and s.hardware == cfg.hardware else load_hardware(s.hardware)
-        eng_name = s.engine or cfg.engine
-        engine = engine_profile if engine_profile is not None and eng_name == cfg.engine else load_engine(eng_name)
-        dtype = s.dtype if s.dtype not in (None, "auto") else (cfg.dtype if s.dtype is None else model.checkpoint_dtype)
-        pcfg = replace(cfg, hardware=s.hardware, tp=s.tp, pp=s.pp, replicas=s.replicas, dtype=dtype, engine=eng_name)
-        rc = replica_of(pcfg, model, hw, engine)
-        try:
-            ecfg = engine_config(replace(opts, replicas=s.replicas, watermark=rc.engine.scheduler.watermark), rc)
-        except ConfigError as e:
-            raise ConfigError(f"--pool {s.text}: {e}") from None
-        total = float(rc.memory.kv_bytes_per_token) * s.tp * s.pp
-        cpu_gib = getattr(cfg, "cpu_kv_gib", None) or 0.0
-        cpu = int(math.floor(cpu_gib * 2**30 / (ecfg.block_size * total))) if cpu_gib > 0 else 0
-        price = cfg.price if cfg.price is not None else hw.usd_per_hour
-        lowered.append(LoweredPool(s, rc, ecfg.num_blocks, ecfg.watermark_blocks, cpu, price,
-                                   float(hw.peak_flops[compute_dtype(dtype, hw.peak_flops)])))
-    P = len(lowered)
-    kv_link = getattr(cfg, "kv_link", None) or "auto"
-    bw, alpha = np.zeros((P, P)), np.zeros((P, P))
-    for i, a in enumerate(lowered):
-        for j, b in enumerate(lowered):
-            bw[i, j], alpha[i, j] = _link(a, b, i == j, kv_link)
-    count = np.array([lp.spec.replicas for lp in lowered], np.int64)
-    pools = Pools(
-        role=np.array([C.ROLES[lp.spec.role] for lp in lowered], np.int64),
-        first=np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64),
-        count=count,
-        pp=np.array([lp.spec.pp for lp in lowered], np.int64),
-        num_blocks=np.array([lp.num_blocks for lp in lowered], np.int64),
-        watermark_blocks=np.array([lp.watermark_blocks for lp in lowered], np.int64),
-        cpu_blocks=np.array([lp.cpu_blocks for lp in lowered], np.int64),
-        kv_bytes_per_token=np.array([lp.cost.memory.kv_bytes_per_token for lp in lowered], np.float64),
-        kv_bytes_total=np.array([lp.cost.memory.kv_bytes_per_token * lp.spec.tp * lp.spec.pp for lp in lowered],
-                                np.float64),
-        kv_gpus=np.array([lp.spec.tp * lp.spec.pp for lp in lowered], np.int64),
-        n_layers=np.array([model.num_layers for _ in lowered], np.int64),
-        weight=np.array([lp.spec.tp * lp.spec.pp * lp.peak_flops / 1e15 for lp in lowered], np.float64),
-        link_bw=bw, link_alpha=alpha,
-    )
-    return lowered, pools
-
-
-def check_pool_capacity(lowered: list[LoweredPool], prompt, output, block_size: int,
+def check_pool_capacity(lowered: list, prompt, output, block_size: int,
                         given_blocks: bool = False) -> None:
     """A disaggregated pool whose KV per replica cannot hold one request is an error naming it: a decode
     pool the longest prompt + output, a prefill pool the longest prompt. A mixed pool that cannot hold

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import functools
+import types
 
 import numpy as np
 import pytest
 
 from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
-from servesim.engine.kernel import simulate_nb
-from servesim.engine.run import EngineOptions, engine_config, router_draws
-from servesim.reference import reference_simulate
+from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
+from servesim.engine.run import run
+from servesim.reference import reference_run
+from servesim.workload.chains import block_chains
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,21 +60,26 @@ def small_workload():
     return make
 
 
+def shared_prefix_chains(prompt, output, group, prefix_len, block_size):
+    """The block chains (`workload.chains.block_chains`, the one builder) of requests sharing
+    system prompts: ``group`` (-1: none) and ``prefix_len`` tokens of it."""
+    n = len(prompt)
+    reqs = types.SimpleNamespace(prompt=np.asarray(prompt, np.int64), output=np.asarray(output, np.int64),
+                                 prefix_group=np.asarray(group, np.int64), prefix_len=np.asarray(prefix_len, np.int64),
+                                 session=np.full(n, -1, np.int64))
+    return block_chains(reqs, block_size)
+
+
 @pytest.fixture(scope="session")
 def run_both():
     """run_both(rc, cfg, arrival, prompt, output, seed=0, group=None, hit=None, spec=None, dp=None) ->
-    (EngineOutput, reference dict); ``spec``, ``dp``: speculative decoding (engine.run.spec_inputs)."""
-    def run(rc, cfg, arrival, prompt, output, seed: int = 0, group=None, hit=None, spec=None, dp=None):
-        arrival = np.ascontiguousarray(arrival, np.float64)
-        if cfg.concurrency > 0:
-            arrival = np.zeros_like(arrival)
-        prompt = np.ascontiguousarray(prompt, np.int64)
-        output = np.ascontiguousarray(output, np.int64)
-        u1, u2 = router_draws(prompt.shape[0], seed)
-        n = prompt.shape[0]
-        group = np.full(n, -1, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
-        hit = np.zeros(n, np.int64) if hit is None else np.ascontiguousarray(hit, np.int64)
-        out = simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit, spec, dp)
-        ref = reference_simulate(rc.params, cfg, arrival, prompt, output, u1, u2, group, hit, spec=spec, dp=dp)
-        return out, ref
-    return run
+    (EngineOutput, reference dict): one mixed pool, the kernel and the reference on the same lowered
+    inputs (``group``, ``hit``: shared-prefix groups and the prefix tokens each request holds; chains
+    from `block_chains`; ``spec``, ``dp``: speculative decoding, `engine.lower.spec_inputs`)."""
+    def go(rc, cfg, arrival, prompt, output, seed: int = 0, group=None, hit=None, spec=None, dp=None):
+        chains = None
+        if group is not None and np.any(np.asarray(group) >= 0):
+            chains = shared_prefix_chains(prompt, output, group, hit, cfg.block_size)
+        inputs = one_pool_inputs(rc.params, cfg, arrival, prompt, output, seed, chains, spec=spec, dp=dp)
+        return run(inputs), reference_run(inputs)
+    return go

@@ -9,9 +9,9 @@ import pytest
 from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
 from servesim.costmodel.iteration import iteration_components_nb
-from servesim.engine.kernel import simulate_nb
-from servesim.engine.run import EngineOptions, engine_config, router_draws
-from servesim.reference.sim import reference_simulate
+from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
+from servesim.engine.run import run
+from servesim.reference.sim import reference_run
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +22,8 @@ def rc():
 def _run(rc, overlap: float, arrival, prompt, output):
     p = rc.params._replace(host_overlap=overlap)
     cfg = engine_config(EngineOptions(max_num_seqs=8, max_num_batched_tokens=8192), rc)
-    n = len(arrival)
-    args = (p, cfg, np.asarray(arrival, float), np.asarray(prompt, np.int64), np.asarray(output, np.int64),
-            *router_draws(n, 0), np.full(n, -1, np.int64), np.zeros(n, np.int64))
-    return simulate_nb(*args), reference_simulate(*args)
+    inputs = one_pool_inputs(p, cfg, arrival, prompt, output)
+    return run(inputs), reference_run(inputs)
 
 
 def test_a_request_arriving_during_a_step_waits_one_step_more(rc):

@@ -8,9 +8,11 @@ import pytest
 
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
-from servesim.engine.kernel import group_chains, no_chains, simulate_pools
-from servesim.engine.run import EngineOptions, engine_config, router_draws
+from servesim.engine.kernel import simulate_pools
+from servesim.engine.lower import EngineOptions, engine_config, no_chains, router_draws
 from servesim.engine.state import Chains, Pools
+
+from conftest import shared_prefix_chains
 
 BS = 16
 KVB = 131072.0      # KV bytes per token per GPU of llama-3.1-8b in bf16 (32 layers x 8 heads x 128 x 2 x 2)
@@ -107,19 +109,23 @@ def test_shared_prefix_hit_rate_is_the_analytical_value(rc):
     prompt = rng.integers(200, 900, n)
     plen = 160 + 37 * group                 # each group's system prompt
     hit = (np.minimum(plen, prompt - 1) // BS) * BS
-    chains = group_chains(group, hit, BS)
+    chains = shared_prefix_chains(prompt, np.full(n, 4), group, hit, BS)
     cfg = config(rc, 1, prefix_caching=1)
     out = run(rc, cfg, pools([C.MIXED], [4000]), sequential(n), list(prompt), [4] * n, chains)
-    # the group's cached blocks are those of its first request's prompt: a later request can
-    # take at most what it has in common with that (both capped below their prompts)
+    # a request's chain is its prefix blocks up to the group's second-longest (the blocks another
+    # request shares); the group's cached blocks are the longest chain so far: a later request
+    # takes what its chain has in common with that
+    held = hit // BS
+    second = {g: sorted(held[group == g])[-2] if (group == g).sum() > 1 else 0 for g in set(group)}
     first = {}
     expect = 0
-    for g, h in zip(group, hit):
+    for g, h in zip(group, held):
+        chain = min(h, second[g])
         if g in first:
-            expect += min(h, first[g])
-            first[g] = max(first[g], h)
+            expect += min(chain, first[g]) * BS
+            first[g] = max(first[g], chain)
         else:
-            first[g] = h
+            first[g] = chain
     assert out.prefix[C.HIT_GPU_TOKENS] == expect
     assert out.prefix[C.LOOKUP_TOKENS] == prompt.sum()
     assert abs(out.prefix[C.HIT_GPU_TOKENS] / out.prefix[C.LOOKUP_TOKENS] - expect / prompt.sum()) < 0.01
@@ -131,9 +137,7 @@ def test_lru_evicts_a_request_tail_first(rc):
     cap = 20
     a_prompt = 4 * BS + 1           # 5 blocks: 4 full (cached when A ends) + 1 private (empty)
     b_prompt = (cap - 4) * BS + 1   # 17 blocks: the 16 empty ones and one cached
-    group = ints(0, -1, 0)
-    hit = ints(4 * BS, 0, 4 * BS)
-    chains = group_chains(group, hit, BS)
+    chains = shared_prefix_chains([a_prompt, b_prompt, a_prompt], [1, 1, 1], ints(0, -1, 0), ints(4 * BS, 0, 4 * BS), BS)
     cfg = config(rc, 1, prefix_caching=1)
     out = run(rc, cfg, pools([C.MIXED], [cap]), sequential(3), [a_prompt, b_prompt, a_prompt], [1, 1, 1], chains)
     assert out.prefix[C.GPU_EVICTIONS] == 1
@@ -144,7 +148,7 @@ def test_cpu_tier_keeps_evicted_blocks_and_reloads_them_over_pcie(rc):
     cap = 20
     a_prompt = 4 * BS + 1
     b_prompt = cap * BS - 1         # needs every block: evicts all four of A's to the CPU tier
-    chains = group_chains(ints(0, -1, 0), ints(4 * BS, 0, 4 * BS), BS)
+    chains = shared_prefix_chains([a_prompt, b_prompt, a_prompt], [1, 1, 1], ints(0, -1, 0), ints(4 * BS, 0, 4 * BS), BS)
     cfg = config(rc, 1, prefix_caching=1)
     out = run(rc, cfg, pools([C.MIXED], [cap], cpu=(8,)), sequential(3), [a_prompt, b_prompt, a_prompt], [1, 1, 1],
               chains)

@@ -13,7 +13,7 @@ from servesim.config import load_hardware, load_model
 from servesim.config.engine import list_engines, load_engine, with_fit_for
 from servesim.costmodel import Batch, Layout, build_replica
 from servesim.costmodel.iteration import graph_tokens_nb, iteration_components_nb
-from servesim.engine.run import prefix_arrays
+from servesim.engine import codes as C
 from servesim.errors import ConfigError
 
 VLLM_TOML = load_engine("vllm").path.read_text()
@@ -123,13 +123,14 @@ def test_fit_for_borrows_from_efficiency_source_and_says_so():
     assert h200.fitted_on == "h200-sxm" and "end-to-end terms" in h200.note and "carried over from h100-sxm" in h200.note
 
 
-def test_prefix_arrays_whole_blocks_below_prompt():
-    group, hit = prefix_arrays(4, 16, np.array([150, 150, 40, 100]), np.array([0, 0, -1, 1]),
-                               np.array([100, 100, 0, 100]))
-    assert group.tolist() == [0, 0, -1, 1]
-    assert hit.tolist() == [96, 96, 0, 96]          # 100 tokens -> 6 blocks of 16; the last one recomputed
-    _, hit2 = prefix_arrays(1, 16, np.array([100]), np.array([0]), np.array([100]))
-    assert hit2.tolist() == [96]                    # a prefix equal to the prompt keeps its last token
+def test_prefix_hits_whole_blocks_and_recomputes_the_last_prompt_token(replica_cost, small_engine, run_both):
+    """Two requests of one group, far apart: 100 shared tokens are 6 whole blocks (96 tokens) hit;
+    a 96-token prompt that is all prefix hits 5 blocks, its last token recomputed (vLLM)."""
+    rc = replica_cost()
+    cfg = small_engine(rc, num_blocks=400)
+    for prompt, plen, hit in ((150, 100, 96), (96, 96, 80)):
+        out, ref = run_both(rc, cfg, [0.0, 5.0], [prompt, prompt], [4, 4], group=[0, 0], hit=[plen, plen])
+        assert out.prefix[C.HIT_GPU_TOKENS] == hit == ref["prefix"][C.HIT_GPU_TOKENS]
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -142,8 +143,7 @@ def test_prefix_cache_kernel_matches_reference(replica_cost, small_engine, small
     rng = np.random.default_rng(7)
     prompt = prompt + 80
     group = rng.integers(-1, 5, prompt.size)
-    group, hit = prefix_arrays(prompt.size, cfg.block_size, prompt, group, np.full(prompt.size, 80))
-    out, ref = run_both(rc, cfg, arrival, prompt, output, group=group, hit=hit)
+    out, ref = run_both(rc, cfg, arrival, prompt, output, group=group, hit=np.full(prompt.size, 80))
     for key in ("scheduled", "first_token", "finish"):
         np.testing.assert_array_equal(getattr(out, key), ref[key])
     np.testing.assert_array_equal(out.preemptions, ref["preemptions"])
@@ -156,9 +156,8 @@ def test_prefix_cache_shortens_ttft(replica_cost, small_engine, run_both):
     arrival = np.arange(n) * 0.5      # far apart: every request runs alone
     prompt = np.full(n, 500, np.int64)
     output = np.full(n, 4, np.int64)
-    group, hit = prefix_arrays(n, cfg.block_size, prompt, np.zeros(n, np.int64), np.full(n, 400))
     cold, _ = run_both(rc, cfg, arrival, prompt, output)
-    warm, _ = run_both(rc, cfg, arrival, prompt, output, group=group, hit=hit)
+    warm, _ = run_both(rc, cfg, arrival, prompt, output, group=np.zeros(n, np.int64), hit=np.full(n, 400))
     ttft_cold = cold.first_token - cold.arrival
     ttft_warm = warm.first_token - warm.arrival
     assert ttft_warm[0] == ttft_cold[0]             # the first of the group computes the prefix

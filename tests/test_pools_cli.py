@@ -10,7 +10,8 @@ from clihelp import one_line_error
 from servesim.checks import sim_config
 from servesim.engine import codes as C
 from servesim.errors import ConfigError, InfeasibleError, ServesimWarning
-from servesim.pools import PoolSpec, check_pool_capacity, lower_pools, parse_pool, specs_of
+from servesim.engine.lower import engine_options, lower_pools
+from servesim.pools import PoolSpec, check_pool_capacity, parse_pool, specs_of
 
 # llama-3.1-8b: 32 layers, 8 KV heads of dim 128, bf16 KV (its config.json): K and V of one token
 # take 2 x 8 x 128 x 2 B = 4096 B per layer, 131072 B over 32 layers, on one GPU.
@@ -143,7 +144,7 @@ def test_prefix_caching_flag_and_engine_default():
 
 def _lower(*pools, **kw):
     cfg, model, _, _ = api.resolve(sim_config(None, pool=pools, **kw))
-    return lower_pools(cfg, model, specs_of(cfg), api.engine_options(cfg))
+    return lower_pools(cfg, model, specs_of(cfg), engine_options(cfg))
 
 
 def test_lowering_blocks_kv_bytes_and_cpu_tier_by_hand():

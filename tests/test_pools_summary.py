@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 import servesim.api as api
-import servesim.engine.run as engine_run
 from servesim.engine import codes as C
 from servesim.engine import kernel as K
 from servesim.metrics import kv_transfer_summary, pools_summary, prefix_cache_summary, requests_frame
@@ -94,11 +93,12 @@ def test_a_request_caught_in_transfer_is_counted_unfinished():
 # the API end to end around a stand-in kernel
 
 
-def _fake_run_pools(seen):
-    def run_pools(pool_costs, cfg, pools, arrival, prompt, output, seed, chains, speculative=None):
-        seen.update(costs=pool_costs, cfg=cfg, pools=pools, chains=chains)
-        n = len(arrival)
-        arr = np.asarray(arrival) + cfg.frontend
+def _fake_run(seen):
+    def run(inputs):
+        cfg, pools = inputs.cfg, inputs.pools
+        seen.update(costs=inputs.ps, cfg=cfg, pools=pools, chains=inputs.chains)
+        n = len(inputs.arrival)
+        arr = np.asarray(inputs.arrival)
         stats = np.zeros(K.N_STATS)
         stats[K.STAT_END_TIME] = float(arr.max() + 2.0)
         stats[K.STAT_BUSY] = stats[K.STAT_INFLIGHT_TIME] = 1.0
@@ -115,12 +115,12 @@ def _fake_run_pools(seen):
             log_tokens=np.zeros(0, np.int64), log_kv_blocks=np.zeros(0, np.int64), log_waiting=np.zeros(0, np.int64),
             log_count=0, stats=stats, pool_stats=pool_stats, prefix=prefix,
             xfer_start=arr + 0.07, xfer_end=arr + 0.1, pf_replica=np.full(n, entry, np.int64))
-    return run_pools
+    return run
 
 
 def test_api_lowers_every_pool_and_sums_gpus_and_price(monkeypatch):
     seen = {}
-    monkeypatch.setattr(engine_run, "run_pools", _fake_run_pools(seen), raising=False)
+    monkeypatch.setattr(api, "run", _fake_run(seen))
     res = api.simulate(pool=("h100-sxm:tp1:x2:prefill", "a100-sxm-80gb:tp2:x1:decode"), num_requests=20, rate=2.0,
                        isl=300, osl=20, num_system_prompts=2, system_prompt_len=64, question_per="request")
     cfg, pools, chains = seen["cfg"], seen["pools"], seen["chains"]
@@ -154,7 +154,7 @@ def test_api_lowers_every_pool_and_sums_gpus_and_price(monkeypatch):
 
 def test_no_prefix_caching_passes_empty_chains(monkeypatch):
     seen = {}
-    monkeypatch.setattr(engine_run, "run_pools", _fake_run_pools(seen), raising=False)
+    monkeypatch.setattr(api, "run", _fake_run(seen))
     res = api.simulate(pool=("h100-sxm:tp1:x2",), num_requests=10, rate=2.0, prefix_caching=False,
                        num_system_prompts=2, system_prompt_len=64)
     ch = seen["chains"]

@@ -11,8 +11,8 @@ from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
-from servesim.engine.kernel import simulate_nb
-from servesim.engine.run import EngineOptions, engine_config, router_draws
+from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
+from servesim.engine.run import run
 
 SEEDS = range(6)
 N = 20000
@@ -83,9 +83,7 @@ def test_mg1_pollaczek_khinchine(rc):
         arrival = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0 / lam, N - 1))))
         prompt = rng.integers(lo, hi + 1, N).astype(np.int64)
         output = np.ones(N, np.int64)
-        u1, u2 = router_draws(N, seed)
-        out = simulate_nb(rc.params, cfg, arrival, prompt, output, u1, u2, np.full(N, -1, np.int64),
-                          np.zeros(N, np.int64))
+        out = run(one_pool_inputs(rc.params, cfg, arrival, prompt, output, seed))
         assert (out.status == C.DONE).all()
         service = s_of[prompt - lo]
         np.testing.assert_array_equal(out.finish, out.scheduled + service)

@@ -10,7 +10,7 @@ from servesim.costmodel import speculative as S
 from servesim.engine import codes as C
 from servesim.engine import kernel as K
 from servesim.engine import state as ST
-from servesim.engine.run import spec_inputs
+from servesim.engine.lower import spec_inputs
 
 POLICIES = list(C.POLICIES)
 ROUTERS = list(C.ROUTERS)

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
 from servesim.engine import state as S
-from servesim.engine.run import EngineOptions, engine_config
-from servesim.reference.sim import KVCache, reference_simulate, reference_simulate_pools
+from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
+from servesim.reference.sim import KVCache, reference_run, reference_simulate_pools
+
+from conftest import shared_prefix_chains
 
 BS = 16
 KVB = 131072.0          # llama-3.1-8b bf16: 2 x 8 KV heads x 128 x 32 layers x 2 B per token
@@ -266,8 +268,9 @@ def test_shared_prefix_hit_rate_is_analytical(replica_cost, small_engine):
     group = np.arange(n) % g
     arrival = np.where(np.arange(n) < g, 1.0 * np.arange(n), 5.0 + 0.2 * np.arange(n))
     prompt = np.full(n, 160)
-    u = np.zeros(n)
-    ref = reference_simulate(rc.params, cfg, arrival, prompt, np.full(n, 4), u, u, group, np.full(n, 96))
+    output = np.full(n, 4)
+    chains = shared_prefix_chains(prompt, output, group, np.full(n, 96), cfg.block_size)
+    ref = reference_run(one_pool_inputs(rc.params, cfg, arrival, prompt, output, chains=chains))
     pf = ref["prefix"]
     assert pf[C.HIT_GPU_TOKENS] / pf[C.LOOKUP_TOKENS] == pytest.approx(9 * 6 / (12 * 10), abs=1e-15)
     ttft = ref["first_token"] - ref["arrival"]

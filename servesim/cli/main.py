@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from .options import click_option as sim_option
 from .options import simulate_options as _simulate_options
 from ..errors import ServesimError, ServesimWarning

@@ -12,7 +12,7 @@ The state is declared in `state.py`, the handlers are in `events.py` (one per ev
 batch formation policies in `schedule.py`, the prefix cache in `prefix.py`, session turns and KV
 transfers in `flow.py`; the semantics of pools, prefix caching and disaggregation in POOLS.md.
 `simulate_pools` allocates the state (in NumPy) and `run_nb` runs the loop over it; the handlers
-borrow the arrays (`jit.HANDLER`). `simulate_nb` is the one-pool case.
+borrow the arrays (`jit.HANDLER`). Its inputs come from one lowering (`lower.py`).
 """
 from __future__ import annotations
 
@@ -31,37 +31,6 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, new_cache,
     new_counters, new_flow, new_log, new_replicas, new_requests, new_step,
 )
-
-
-def single_pool(cfg):
-    """The one mixed pool of a single-pool EngineConfig (its pp, KV blocks, watermark, KV bytes)."""
-    one = lambda v, t=np.int64: np.array([v], t)  # noqa: E731
-    return Pools(role=one(C.MIXED), first=one(0), count=one(cfg.replicas), pp=one(cfg.pp),
-                 num_blocks=one(cfg.num_blocks), watermark_blocks=one(cfg.watermark_blocks), cpu_blocks=one(0),
-                 kv_bytes_per_token=one(cfg.kv_bytes_per_token, np.float64), kv_bytes_total=one(0.0, np.float64),
-                 kv_gpus=one(1), n_layers=one(1), weight=one(1.0, np.float64),
-                 link_bw=np.ones((1, 1)), link_alpha=np.zeros((1, 1)))
-
-
-def group_chains(group, hit, block_size):
-    """Chains of the shared-prefix groups: group g's block k is one id for the whole group; a
-    request lists its hit // block_size prefix blocks; nothing else is listed."""
-    group = np.asarray(group, np.int64)
-    hit = np.asarray(hit, np.int64)
-    n = group.shape[0]
-    length = np.where(group >= 0, hit // block_size, 0).astype(np.int64)
-    start = np.zeros(n, np.int64)
-    if n:
-        start[1:] = np.cumsum(length)[:-1]
-    width = int(length.max()) + 1 if n else 1
-    ids = np.concatenate([g * width + np.arange(m, dtype=np.int64) for g, m in zip(group, length) if m > 0]) \
-        if length.sum() else np.zeros(0, np.int64)
-    return Chains(start, length, ids.astype(np.int64), np.full(n, -1, np.int64), np.zeros(n))
-
-
-def no_chains(n):
-    return Chains(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(0, np.int64), np.full(n, -1, np.int64),
-                  np.zeros(n))
 
 
 MAX_POOLS = 8
@@ -85,7 +54,8 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     rp = new_replicas(cfg, pools)
     # features the run does not use are None: numba prunes their branches, and compiles the loop
     # without them (one specialisation per feature set, each cached)
-    cache = new_cache(cfg, pools, ctr) if cfg.prefix_caching else None
+    # (the prefix cache only when some chain lists a block: without one it would stay empty)
+    cache = new_cache(cfg, pools, ctr) if cfg.prefix_caching and chains.ids.shape[0] > 0 else None
     pd = bool(np.any(pools.role == C.DECODE))
     flow = new_flow(n, pd) if pd or bool(np.any(chains.next_turn >= 0)) else None
     log = new_log(cfg.log_size)
@@ -105,16 +75,6 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     for j in (STAT_KV_MAX, STAT_END_TIME):
         stats[j] = max(0.0, pool_stats[:, j].max())
     return engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
-
-
-def simulate_nb(p, cfg, arrival, prompt, output, u1, u2, group, hit, spec=None, dp=None):
-    """One pool (cfg's pp, blocks, watermark). ``group``: shared-prefix group of each request (-1:
-    none); ``hit``: prompt tokens its group's prefix covers in whole blocks (below its prompt)."""
-    shared = bool(np.any(np.asarray(group) >= 0))
-    chains = group_chains(group, hit, cfg.block_size) if shared else no_chains(len(prompt))
-    cfg = cfg._replace(prefix_caching=int(cfg.prefix_caching or shared))
-    return simulate_pools((p,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2, chains, spec,
-                          None if dp is None else (dp,))
 
 
 @njit(**HANDLER)

@@ -6,8 +6,8 @@ names (`complete`, `arrive`, `route`, `schedule`, `static_batch`, `continuous_ba
 `launch`, ... here; `complete_nb`, ... in `servesim/engine/events.py` and `schedule.py`). The tests
 demand that both agree exactly, request by request. Only the iteration cost function is shared:
 `iteration_components_nb`, called here from Python with batch aggregates summed in the same order
-as the engine sums them. `reference_simulate_pools` is the twin of `simulate_pools_nb`,
-`reference_simulate` that of `simulate_nb` (one mixed pool).
+as the engine sums them. `reference_simulate_pools` is the twin of `kernel.simulate_pools`;
+`reference_run` takes the same lowered inputs as `engine.run.run` (`engine.lower.KernelInputs`).
 
 Semantics
 ---------
@@ -1074,38 +1074,9 @@ class Step:
         return any(q is req for q, _ in self.members)
 
 
-def single_pool(cfg) -> S.Pools:
-    """The one mixed pool that `simulate_nb`'s single-pool config fields describe."""
-    one = lambda v, dt: np.array([v], dt)   # noqa: E731
-    return S.Pools(role=one(C.MIXED, np.int64), first=one(0, np.int64), count=one(cfg.replicas, np.int64),
-                   pp=one(cfg.pp, np.int64), num_blocks=one(cfg.num_blocks, np.int64),
-                   watermark_blocks=one(cfg.watermark_blocks, np.int64), cpu_blocks=one(0, np.int64),
-                   kv_bytes_per_token=one(cfg.kv_bytes_per_token, np.float64),
-                   kv_bytes_total=one(0.0, np.float64), kv_gpus=one(1, np.int64), n_layers=one(1, np.int64),
-                   weight=one(1.0, np.float64), link_bw=np.zeros((1, 1)), link_alpha=np.zeros((1, 1)))
-
-
-def group_chains(group, hit, block_size: int) -> S.Chains:
-    """Chains from shared-prefix groups: group g's k-th prefix block is one id shared by the group;
-    a request of group g with `hit` tokens lists hit // block_size of them; nothing else is listed."""
-    n = len(group)
-    ids, start, length = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
-    names = {}
-    for i in range(n):
-        g = int(group[i])
-        start[i] = len(ids)
-        if g < 0:
-            continue
-        for k in range(int(hit[i]) // block_size):
-            ids.append(names.setdefault((g, k), len(names)))
-        length[i] = len(ids) - start[i]
-    return S.Chains(start=start, length=length, ids=np.array(ids, np.int64),
-                    next_turn=np.full(n, -1, np.int64), think=np.zeros(n))
-
-
-def reference_simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, check=True, spec=None,
-                             dps=None) -> dict:
-    """Run the reference simulator; same inputs as `simulate_pools_nb`, a dict of NumPy arrays out.
+def reference_simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None,
+                             check=True) -> dict:
+    """Run the reference simulator; same inputs as `kernel.simulate_pools`, a dict of NumPy arrays out.
 
     Keys: arrival (engine arrival times; closed loop and session turns fill them in), scheduled,
     first_token, finish, preemptions, replica (the replica that finished the request), status
@@ -1120,15 +1091,6 @@ def reference_simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, ch
                               dps=dps).run()
 
 
-def reference_simulate(params, cfg, arrival, prompt, output, u1, u2, group=None, hit=None, check=True, spec=None,
-                       dp=None) -> dict:
-    """`reference_simulate_pools` with one mixed pool described by cfg (as `simulate_nb`); the
-    shared-prefix groups become chains (`group_chains`) and turn prefix caching on."""
-    n = len(prompt)
-    group = np.full(n, -1, np.int64) if group is None else np.asarray(group)
-    hit = np.zeros(n, np.int64) if hit is None else np.asarray(hit)
-    if (group >= 0).any():
-        cfg = cfg._replace(prefix_caching=1)
-    return reference_simulate_pools((params,), cfg, single_pool(cfg), arrival, prompt, output, u1, u2,
-                                    group_chains(group, hit, cfg.block_size), check=check, spec=spec,
-                                    dps=None if dp is None else (dp,))
+def reference_run(inputs, check: bool = True) -> dict:
+    """`reference_simulate_pools` on the lowered inputs the kernel takes (`engine.lower.KernelInputs`)."""
+    return reference_simulate_pools(*inputs, check=check)

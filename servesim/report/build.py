@@ -244,7 +244,7 @@ def md_table(df: pd.DataFrame, columns: dict) -> str:
 def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=None, shown_as=None) -> Path:
     """Run every section and write `outdir`/report.md, its PNGs and CSVs. Returns the report path.
     ``shown_as``: the folder the regenerate command names (when `outdir` is a staging folder)."""
-    from .. import __version__
+    from ..version import __version__
     from ..config import load_hardware, load_model
     from ..options import default_rate
     from ..planning.figures import pareto_figure, sweep_figures
