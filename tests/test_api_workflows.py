@@ -218,7 +218,8 @@ def test_train_layout_defaults_are_the_cli_defaults():
 
 
 @pytest.mark.parametrize("fn", [servesim.simulate, servesim.cost, servesim.train, servesim.sweep, servesim.find_max_rate,
-                                servesim.plan, servesim.validate])
+                                servesim.plan,
+                                pytest.param(servesim.validate, marks=pytest.mark.slow)])   # ~5 CPU s
 def test_docstring_examples_run(fn):
     finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for t in finder.find(fn, fn.__name__, globs={}):

@@ -64,13 +64,16 @@ def test_numba_picks_one_of_the_guarded_folders(tmp_path):
     assert out[:2] == [True, True] and all(p.startswith(str(tmp_path / "numba-cache")) for p in out[2:]), out
 
 
+SLOW = pytest.mark.slow     # ~2.5 CPU s each: one that drops and one that keeps run by default
+
+
 @pytest.mark.parametrize("edit, drops", [
     ("costmodel/kernels.py", True),      # a jitted cost function the engine kernel inlines
-    ("costmodel/params.py", True),       # constants read by jitted code (no njit in the file)
-    ("engine/codes.py", True),
-    ("engine/kernel.py", True),
+    pytest.param("costmodel/params.py", True, marks=SLOW),   # constants read by jitted code (no njit in the file)
+    pytest.param("engine/codes.py", True, marks=SLOW),
+    pytest.param("engine/kernel.py", True, marks=SLOW),
     ("cli/main.py", False),              # nothing jitted reaches it: the cache stays
-    ("metrics.py", False),
+    pytest.param("metrics.py", False, marks=SLOW),
 ])
 def test_changed_source_drops_the_cache_in_numba_cache_dir(tmp_path, edit, drops):
     src = _copy(tmp_path)
