@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .engine import codes as C
-from .errors import ConfigError
+from .errors import ConfigError, InfeasibleError
 
-FORM = "HW:tpN[:ppM]:xR[:mixed|prefill|decode][:dtype=D][:engine=E], e.g. h100-sxm:tp2:x4 or " \
-       "a100-sxm-80gb:tp4:x2:decode"
+FORM = "HW:tpN[:ppM][:epN][:dpN]:xR[:mixed|prefill|decode][:dtype=D][:engine=E], e.g. h100-sxm:tp2:x4, " \
+       "a100-sxm-80gb:tp4:x2:decode or b200:tp1:ep8:dp8:x2:decode"
 KV_LINKS = ("auto", "nvlink", "nic")
 
 # Block sizes the engine takes with prefix caching on. vLLM: the docs list `--block-size` choices
@@ -39,17 +39,21 @@ class PoolSpec:
     pp: int = 1
     replicas: int = 1
     role: str = "mixed"
+    ep: int = 1                  # expert parallelism of a MoE model (costmodel/ep.py)
+    attn_dp: int = 1             # data-parallel attention ranks per replica
     dtype: str | None = None     # None: the deployment's --dtype
     engine: str | None = None    # None: the deployment's --engine
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.replicas
+        return self.tp * self.attn_dp * self.pp * self.replicas
 
     @property
     def text(self) -> str:
         """The canonical spec, as `parse_pool` reads it."""
-        parts = [self.hardware, f"tp{self.tp}"] + ([f"pp{self.pp}"] if self.pp != 1 else []) + [f"x{self.replicas}"]
+        parts = [self.hardware, f"tp{self.tp}"] + ([f"pp{self.pp}"] if self.pp != 1 else [])
+        parts += ([f"ep{self.ep}"] if self.ep != 1 else []) + ([f"dp{self.attn_dp}"] if self.attn_dp != 1 else [])
+        parts += [f"x{self.replicas}"]
         parts += [self.role] if self.role != "mixed" else []
         parts += [f"dtype={self.dtype}"] if self.dtype else []
         parts += [f"engine={self.engine}"] if self.engine else []
@@ -80,9 +84,9 @@ def parse_pool(text, option: str = "--pool") -> PoolSpec:
                    option) from None
     got: dict[str, object] = {}
     for p in rest:
-        m = re.fullmatch(r"(tp|pp|x)(-?\d+)", p)
+        m = re.fullmatch(r"(tp|pp|ep|dp|x)(-?\d+)", p)
         if m:
-            key = {"tp": "tp", "pp": "pp", "x": "replicas"}[m.group(1)]
+            key = {"tp": "tp", "pp": "pp", "ep": "ep", "dp": "attn_dp", "x": "replicas"}[m.group(1)]
             value = int(m.group(2))
             if value < 1:
                 raise _bad(text, f"{m.group(1)}{value}: must be >= 1", option)

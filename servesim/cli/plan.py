@@ -144,6 +144,11 @@ def _plan_options(f):
                                                  help="Candidate weight dtypes, comma list, e.g. bf16,fp8."))
     f = _replace_option(f, "tp", click.option("--tp", default="1,2,4,8", show_default=True, help="Candidate TP degrees."))
     f = _replace_option(f, "pp", click.option("--pp", default="1", show_default=True, help="Candidate PP degrees."))
+    f = _replace_option(f, "ep", click.option(
+        "--ep", default="auto", show_default=True,
+        help="Candidate expert-parallel degrees of a MoE model, comma list; auto: none and over the whole replica."))
+    f = _replace_option(f, "attn_dp", click.option(
+        "--attn-dp", default="1", show_default=True, help="Candidate data-parallel attention ranks (MoE models)."))
     f = _replace_option(f, "replicas", click.option("--max-replicas", default=64, show_default=True, type=int))
     f = _replace_option(f, "max_num_seqs", click.option(
         "--max-num-seqs", default=None, help="Candidate max batch sizes, comma list (default: the preset's)."))
@@ -170,14 +175,17 @@ def _plan_options(f):
 @click.option("--require-measured", is_flag=True,
               help="Leave out layouts resting on borrowed fits: hardware efficiencies or an engine table taken "
                    "from another GPU, or terms of it carried over (the fit column says which).")
+@click.option("--speculative-grid", default=None,
+              help="Speculative decoding settings to search, comma list (none: without), e.g. "
+                   "none,mtp:k=1,mtp:k=2:acceptance_length=2.4.")
 @click.option("--top", default=15, show_default=True, type=int, help="Rows of the ranked table.")
 @_backend_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", "outdir", default=None, type=click.Path(file_okay=False),
               help="Write plan.json, candidates.csv and pareto.png here.")
-def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget, margin,
-         model_margin, daily_rates, exhaustive, disaggregated, require_measured, top, dask_scheduler, dask_timeout,
-         workers, fmt, outdir, prices, **kw):
+def plan(hardware, dtype, tp, pp, ep, attn_dp, max_replicas, max_num_seqs, max_num_batched_tokens, max_gpus, budget,
+         margin, model_margin, daily_rates, exhaustive, disaggregated, require_measured, speculative_grid, top,
+         dask_scheduler, dask_timeout, workers, fmt, outdir, prices, **kw):
     """Find the cheapest deployment that meets every SLO at the target load.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size / token budget), prunes with
@@ -205,7 +213,7 @@ def plan(hardware, dtype, tp, pp, max_replicas, max_num_seqs, max_num_batched_to
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_gpus=max_gpus,
                         budget=budget, margin=margin, daily_rates=daily_rates, exhaustive=exhaustive, prices=prices,
                         workers=workers, disaggregated=disaggregated, model_margin=model_margin,
-                        require_measured=require_measured)
+                        require_measured=require_measured, ep=ep, attn_dp=attn_dp, speculative_grid=speculative_grid)
     with output_dir(outdir, "-o", "servesim plan") as od:
         with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
             with Bar("plan --disaggregated" if disaggregated else "plan"):
@@ -266,7 +274,9 @@ def _plan_text(out, top) -> str:
     b = out["best"]
     if b:
         m = b["metrics"]
-        lines.append(f"best: {b['replicas']} x {b['hardware']} {b['dtype']} TP={b['tp']} PP={b['pp']} "
+        par = (f" EP={b['ep']} attn-DP={b['attn_dp']}" if b.get("ep", 1) > 1 or b.get("attn_dp", 1) > 1 else "") + \
+            (f" speculative {b['speculative']}" if b.get("speculative") else "")
+        lines.append(f"best: {b['replicas']} x {b['hardware']} {b['dtype']} TP={b['tp']} PP={b['pp']}{par} "
                      f"({b['num_gpus']} GPUs), ${b['usd_per_hour']:.2f}/h, "
                      f"${b['usd_per_million_output_tokens']:.3f} per M output tokens at {b['rate']:g} req/s")
         lines.append(f"      TTFT p99 {m['ttft_ms']['p99']:.1f} ms, TPOT p99 {m['tpot_ms']['p99']:.1f} ms, "
@@ -274,6 +284,8 @@ def _plan_text(out, top) -> str:
         lines.append("      " + capacity_sentence(b))
         lines.append("      " + _fit_text(b))
         lines.append("      " + _checks_text(b["checks"]))
+        if b.get("speculation"):
+            lines.append("      " + b["speculation"])
         if "daily" in b:
             d = b["daily"]
             lines.append(f"      daily: {d['gpu_hours_per_day']:.0f} GPU-h/day (${d['usd_per_day']:.0f}) following the curve "
@@ -282,13 +294,14 @@ def _plan_text(out, top) -> str:
         lines.append(f"no plan: {out['why_not']}")
     lines.append(f"searched {out['search_space']} (layout x replicas) points with {out['simulations']} simulations")
     lines.append("")
-    rows = [["hardware", "dtype", "TP", "PP", "repl", "GPUs", "$/h", "$/M out", "TTFT p99", "TPOT p99", "fit",
-             "status"]]
+    rows = [["hardware", "dtype", "TP", "PP", "EP", "DP", "spec", "repl", "GPUs", "$/h", "$/M out", "TTFT p99",
+             "TPOT p99", "fit", "status"]]
 
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
     for c in out["candidates"][:top]:
-        rows.append([c["hardware"], c["dtype"], str(c["tp"]), str(c["pp"]), f(c.get("replicas"), "{}"),
+        rows.append([c["hardware"], c["dtype"], str(c["tp"]), str(c["pp"]), str(c.get("ep", 1)),
+                     str(c.get("attn_dp", 1)), c.get("speculative") or "-", f(c.get("replicas"), "{}"),
                      f(c.get("num_gpus"), "{}"), f(c.get("usd_per_hour"), "{:.2f}"),
                      f(c.get("usd_per_million_output_tokens"), "{:.3f}"), f(c.get("ttft_ms_p99"), "{:.1f}"),
                      f(c.get("tpot_ms_p99"), "{:.1f}"), c.get("fit") or "-", c["status"]])

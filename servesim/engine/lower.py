@@ -22,7 +22,7 @@ Per pool:
   layers; KV heads replicated when TP exceeds them are counted on every GPU, as they are stored;
   with PP not dividing the layers the fullest stage is counted on every stage);
   ``kv_gpus`` = TP x PP;
-* ``weight`` (the router's capacity weight per replica): TP x PP x the dense peak FLOP/s of the
+* ``weight`` (the router's capacity weight per replica): TP x attn-DP x PP x the dense peak FLOP/s of the
   pool's hardware at its GEMM dtype, in PFLOP/s. A peak rather than a lowered iteration: it needs no
   reference batch and ranks pools the way their datasheets do; only ratios between pools matter;
 * ``link_bw`` / ``link_alpha`` between two pools: the scale-up fabric (NVLink; the point-to-point
@@ -210,8 +210,15 @@ def lower_pools(cfg, model, specs, opts: EngineOptions, *, hw=None, hw_profile=N
         eng_name = s.engine or cfg.engine
         engine = engine_profile if engine_profile is not None and eng_name == cfg.engine else load_engine(eng_name)
         dtype = s.dtype if s.dtype not in (None, "auto") else (cfg.dtype if s.dtype is None else model.checkpoint_dtype)
-        pcfg = replace(cfg, hardware=s.hardware, tp=s.tp, pp=s.pp, replicas=s.replicas, dtype=dtype, engine=eng_name)
-        rc = replica_of(pcfg, model, hw_s, engine)
+        pcfg = replace(cfg, hardware=s.hardware, tp=s.tp, pp=s.pp, replicas=s.replicas, dtype=dtype, engine=eng_name,
+                       ep=s.ep, attn_dp=s.attn_dp)
+        try:
+            rc = replica_of(pcfg, model, hw_s, engine)
+        except (ConfigError, InfeasibleError) as e:
+            if not named:
+                raise
+            raise type(e)(f"--pool {s.text}: {e}") from None
+        # (the batch limits are the deployment's, one per replica: a pool's DP ranks share them)
         try:
             ecfg = engine_config(replace(opts, replicas=s.replicas, watermark=rc.engine.scheduler.watermark), rc)
         except ConfigError as e:
@@ -244,7 +251,8 @@ def lower_pools(cfg, model, specs, opts: EngineOptions, *, hw=None, hw_profile=N
                                 np.float64),
         kv_gpus=np.array([lp.spec.tp * lp.spec.pp for lp in lowered], np.int64),
         n_layers=np.array([model.num_layers for _ in lowered], np.int64),
-        weight=np.array([lp.spec.tp * lp.spec.pp * lp.peak_flops / 1e15 for lp in lowered], np.float64),
+        weight=np.array([lp.spec.tp * lp.spec.attn_dp * lp.spec.pp * lp.peak_flops / 1e15 for lp in lowered],
+                        np.float64),
         link_bw=bw, link_alpha=alpha,
     )
     return lowered, pools

@@ -53,6 +53,14 @@ class PlanSpec:
     daily_rates: tuple = ()
     disaggregated: bool = False                # search prefill/decode pools (planning/disagg.py)
     require_measured: bool = False             # leave out layouts resting on borrowed fits (fit_columns)
+    eps: tuple = (1,)                          # expert parallelism; 0: none and over the whole replica (MoE)
+    attn_dps: tuple = (1,)                     # data-parallel attention ranks
+    speculatives: tuple = (None,)              # speculative decoding settings (None: without)
+
+
+# the keys of a layout (one candidate deployment but its replica count)
+LAYOUT_KEYS = ("hardware", "dtype", "tp", "pp", "ep", "attn_dp", "speculative", "max_num_seqs",
+               "max_num_batched_tokens")
 
 
 # ---------------------------------------------------------------- bounds
@@ -97,6 +105,9 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
         elif metric in ("tpot", "itl"):
             q = _quantile(prompt, stat if metric == "tpot" else "p50")
             floor = t(0, 0, 0, 0, 1, q, interval=False) if metric == "tpot" else 0.0
+            if metric == "tpot" and cfg.speculative is not None:    # a lone request's time per token
+                from ..costmodel.speculative import price_step
+                floor = price_step(rc, cfg.speculative, 1, int(q))["per_token_s"]
         else:
             continue
         out[f"{metric}_floor_ms"] = floor * 1e3
@@ -153,15 +164,32 @@ def point_task(arg) -> dict:
 
 
 # ---------------------------------------------------------------- the planner
-def _layouts(spec: PlanSpec):
+def _parallel(spec: PlanSpec, tp: int, moe: bool):
+    """(ep, attn_dp) pairs for TP ``tp``: DP attention and EP only for a MoE model; ep 0 in ``spec.eps``
+    means both no EP and EP over the whole replica (tp x attn_dp)."""
+    out = []
+    for dp in (spec.attn_dps if moe else (1,)):
+        for ep in (spec.eps if moe else (1,)):
+            for e in ((1, tp * dp) if ep == 0 else (ep,)):
+                if dp > 1 and e == 1:
+                    continue              # DP attention without EP is data parallelism: more replicas
+                if (e, dp) not in out:
+                    out.append((e, dp))
+    return out
+
+
+def _layouts(spec: PlanSpec, moe: bool = False):
     for hw in spec.hardware:
         for dtype in spec.dtypes:
             for tp in spec.tps:
-                for pp in spec.pps:
-                    for mns in spec.max_num_seqs:
-                        for mnbt in spec.max_num_batched_tokens:
-                            yield {"hardware": hw, "dtype": dtype, "tp": tp, "pp": pp, "max_num_seqs": mns,
-                                   "max_num_batched_tokens": mnbt}
+                for ep, dp in _parallel(spec, tp, moe):
+                    for sp in spec.speculatives:
+                        for pp in spec.pps:
+                            for mns in spec.max_num_seqs:
+                                for mnbt in spec.max_num_batched_tokens:
+                                    yield {"hardware": hw, "dtype": dtype, "tp": tp, "pp": pp, "ep": ep,
+                                           "attn_dp": dp, "speculative": sp, "max_num_seqs": mns,
+                                           "max_num_batched_tokens": mnbt}
 
 
 def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
@@ -224,7 +252,8 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
     prompt, output = _lengths(base)
-    layouts = list(_layouts(spec))
+    from ..config import load_model
+    layouts = list(_layouts(spec, load_model(base.model).moe is not None))
     candidates, tasks, meta = [], [], []
     space = 0
     for lay in layouts:
@@ -296,7 +325,37 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
         best["daily"], extra = daily_cost(best, base, spec, backend)
         n_extra += extra
     _margins(best, slo_margin, spec)
+    if best is not None and len(spec.speculatives) > 1:
+        best["speculation"] = speculation_note(best, candidates, rate)
     return PlanResult(best, candidates, why, n_sims + n_extra, space)
+
+
+def speculation_note(best: dict, candidates: list, rate: float) -> str:
+    """Why the plan took speculative decoding or not: the cheapest candidate meeting the SLO with and
+    without it, and the TPOT each reached. Speculation pays while the GPU has idle capacity per step (a
+    small batch is bound by reading the weights, so verifying k + 1 tokens costs little more than one);
+    under load the batch fills the step, the verification's k + 1 tokens per sequence compete with
+    batching, and the drafts rejected are work the plain engine never does."""
+    def cheapest(with_spec):
+        ok = [c for c in candidates if c["status"] == "meets_slo" and (c.get("speculative") is not None) == with_spec]
+        return min(ok, key=lambda c: (c["usd_per_hour"], c["num_gpus"])) if ok else None
+    on, off = cheapest(True), cheapest(False)
+    if on is None and off is None:
+        return ""
+    if on is None:
+        return (f"at {rate:g} req/s no speculative setting met the SLO: verifying k + 1 tokens per sequence "
+                "competes with batching at this load")
+    if off is None:
+        return f"at {rate:g} req/s only speculative decoding ({on['speculative']}) met the SLO"
+    d = (f"{on['speculative']}: ${on['usd_per_hour']:.2f}/h, TPOT p99 {on['tpot_ms_p99']:.1f} ms; without: "
+         f"${off['usd_per_hour']:.2f}/h, TPOT p99 {off['tpot_ms_p99']:.1f} ms")
+    if on["usd_per_hour"] < off["usd_per_hour"]:
+        return f"speculation pays at {rate:g} req/s ({d}): it turns idle step capacity into tokens"
+    if on["usd_per_hour"] == off["usd_per_hour"] and on["tpot_ms_p99"] < off["tpot_ms_p99"]:
+        return (f"speculation pays in latency at {rate:g} req/s, at the same cost ({d}): the steps have idle "
+                "capacity to verify drafts in")
+    return (f"speculation does not pay at {rate:g} req/s ({d}): the batches are full enough that verifying k + 1 "
+            "tokens per sequence competes with batching")
 
 
 def _margins(best: dict | None, slo_margin: float, spec) -> None:
@@ -343,8 +402,8 @@ def _choose(candidates, meeting, base, spec, backend):
                 queue.append(c)
                 queue.sort(key=_cost_order)
                 continue
-        best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "replicas", "num_gpus", "usd_per_hour",
-                                  "usd_per_million_output_tokens")}
+        best = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "ep", "attn_dp", "speculative", "replicas",
+                                  "num_gpus", "usd_per_hour", "usd_per_million_output_tokens")}
         best.update({k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens", "usd_per_gpu_hour",
                                        "usd_per_million_input_tokens", "headroom", "checks", "fit", "fit_note")})
         best["margin"] = spec.margin
@@ -360,7 +419,7 @@ def _check(c, by_r, base, spec):
     every SLO (replicas added, up to ``max_replicas`` / ``max_gpus``, while it does not). Updates
     ``c`` to the replica count found; marks it ``fails_other_seed`` when none works. Returns
     (replicas added, simulations run)."""
-    lay = {k: c[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+    lay = {k: c[k] for k in LAYOUT_KEYS}
     cfg = replace(base, price=c["usd_per_gpu_hour"], **lay)
     gpr = c["num_gpus"] // c["replicas"]
     sims = 0
@@ -424,7 +483,7 @@ def why_not(candidates, rate) -> str:
 def daily_cost(best, base, spec, backend):
     """GPU-hours per day when the replica count follows the daily curve (equal slots over 24 h),
     against holding the peak deployment all day."""
-    lay = {k: best[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+    lay = {k: best[k] for k in LAYOUT_KEYS}
     gpr = best["num_gpus"] // best["replicas"]
     cfg = replace(base, price=best["usd_per_gpu_hour"], **lay)
     tasks = [(replace(cfg, rate=r), 1, best["replicas"], spec.margin) for r in spec.daily_rates]

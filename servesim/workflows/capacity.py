@@ -100,7 +100,7 @@ class SweepSpec:
         n = 1
         for _, v in self.grid:
             n *= len(v)
-        return n if self.max_rate else n * len(self.rates)
+        return n if self.max_rate or self.rates is None else n * len(self.rates)
 
 
 def prepare_sweep(base, rates=None, grid=(), *, find_max_rate=False, tolerance=0.05, margin=0.0, prices=(),
@@ -120,10 +120,16 @@ def prepare_sweep(base, rates=None, grid=(), *, find_max_rate=False, tolerance=0
         if rates:
             base = replace(base, rate=min(G.parse_rates(rates)))
     else:
-        if not rates:
-            raise ConfigError("--rates is required, e.g. --rates 1,2,4 or --rates 1:64:16 (or use --find-max-rate)")
-        rate_list = G.parse_rates(rates)
-        if base.offline or base.concurrency is not None:
+        # a closed-loop sweep: the grid sets the clients (--grid concurrency=4,8,...), no rates
+        closed = any(key == "concurrency" for key, _ in grid_spec)
+        if closed and rates:
+            raise ConfigError(f"--rates {rates} and --grid concurrency=... contradict: a closed loop sends a request "
+                              "whenever a client's previous one ends; drop --rates")
+        if not rates and not closed:
+            raise ConfigError("--rates is required, e.g. --rates 1,2,4 or --rates 1:64:16 (or use --find-max-rate, or "
+                              "--grid concurrency=4,16,64 for a closed loop)")
+        rate_list = G.parse_rates(rates) if rates else None
+        if rates and (base.offline or base.concurrency is not None):
             raise ConfigError("--rates sweeps open-loop arrivals; drop --offline / --concurrency")
     S.validate_base(base, grid_spec)
     return SweepSpec(base, grid_spec, rate_list, find_max_rate, tolerance, margin, default_price, per_hw)

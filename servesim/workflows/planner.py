@@ -9,7 +9,7 @@ from .capacity import as_text, parse_prices, price_items, sim_base
 from .results import PlanResult
 
 PLACEHOLDERS = dict(tp=1, pp=1, replicas=1, hardware="h100-sxm", dtype="bf16", max_num_seqs=None,
-                     max_num_batched_tokens=None)   # searched by the planner, not taken from the base
+                     max_num_batched_tokens=None, ep=1, attn_dp=1)   # searched by the planner, not taken from the base
 
 
 def _candidates(key: str, text) -> tuple:
@@ -33,7 +33,7 @@ def check_no_pool(pool, disaggregated: bool, option: str = "--pool") -> None:
 def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max_replicas=64, max_num_seqs=None,
                  max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, daily_rates=None,
                  exhaustive=False, prices=(), workers=None, disaggregated=False, model_margin=None,
-                 require_measured=False):
+                 require_measured=False, ep="auto", attn_dp="1", speculative_grid=None):
     """Every option of a plan checked (text as the CLI takes it) -> a `planning.plan.PlanSpec`."""
     from ..checks import check_choice, check_float, check_int, check_known_name, check_sim_config
     from ..costmodel.dtypes import WEIGHT_DTYPES
@@ -75,7 +75,25 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
                                   f"both pools); give one, e.g. {name} {str(text).split(',')[0]}")
     else:
         check_no_pool(base.pool, False)
+    eps = (0,) if str(ep).strip() == "auto" else _candidates("ep", ep)
+    dps = _candidates("attn_dp", attn_dp)
+    specs = (None,)
+    if speculative_grid is not None:
+        from ..costmodel.speculative import parse_speculative
+        texts = [t.strip() for t in str(speculative_grid).split(",") if t.strip()]
+        if not texts:
+            raise ConfigError("--speculative-grid is empty; give settings such as none,mtp:k=1,eagle:k=3:acceptance=0.7")
+        specs = tuple(None if t == "none" else parse_speculative(t).text for t in texts)
+        if base.speculative is not None:
+            raise ConfigError(f"--speculative {base.speculative} and --speculative-grid contradict: the grid gives "
+                              "the settings to search; drop one of them")
+    elif base.speculative is not None:
+        specs = (str(base.speculative),)
+    if disaggregated and (speculative_grid is not None or eps != (0,) or dps != (1,)):
+        raise ConfigError("--ep, --attn-dp and --speculative-grid do not work with --disaggregated yet; plan "
+                          "co-located replicas, or give per-pool specs to simulate (--pool b200:tp1:ep8:dp8:x2:decode)")
     return PlanSpec(base=base, hardware=hw, dtypes=dtypes, tps=_candidates("tp", tp), pps=_candidates("pp", pp),
+                    eps=eps, attn_dps=dps, speculatives=specs,
                     max_num_seqs=_candidates("max_num_seqs", seqs) if seqs is not None else (None,),
                     max_num_batched_tokens=(_candidates("max_num_batched_tokens", tokens) if tokens is not None
                                             else (None,)),
@@ -114,7 +132,7 @@ def plan_error(result: PlanResult) -> InfeasibleError | None:
 def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=64, max_num_seqs=None,
          max_num_batched_tokens=None, max_gpus=64, budget=None, margin=0.1, model_margin=None, daily_rates=None,
          exhaustive=False, disaggregated=False, require_measured=False, price=None, workers=None, dask_scheduler=None,
-         dask_timeout=None, config=None, **options) -> PlanResult:
+         dask_timeout=None, config=None, ep="auto", attn_dp=(1,), speculative_grid=None, **options) -> PlanResult:
     """The cheapest deployment meeting every SLO at the target load, as ``servesim plan``.
 
     Searches hardware x dtype x TP x PP x replicas (x max batch size, token budget), prunes with
@@ -150,6 +168,12 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
     require_measured : bool
         Leave out layouts resting on borrowed fits (every candidate's ``fit`` is "measured" or
         "borrowed", ``fit_note`` says which terms; `servesim.config.engine.provenance`).
+    ep, attn_dp : sequence or str
+        A MoE model's candidate expert-parallel degrees ("auto": none and over the whole replica) and
+        data-parallel attention ranks (``servesim/costmodel/ep.py``).
+    speculative_grid : sequence of str or str, optional
+        Speculative decoding settings to search ("none": without); ``best["speculation"]`` says whether
+        it paid at this load.
     price, workers, dask_scheduler, dask_timeout, config
         As in `sweep`.
     **options
@@ -188,7 +212,8 @@ def plan(*, hardware=None, dtype="bf16", tp=(1, 2, 4, 8), pp=(1,), max_replicas=
                         max_num_batched_tokens=as_text(max_num_batched_tokens), max_gpus=max_gpus, budget=budget,
                         margin=margin, daily_rates=as_text(daily_rates), exhaustive=exhaustive,
                         prices=price_items(price, base), workers=workers, disaggregated=disaggregated,
-                        model_margin=model_margin, require_measured=require_measured)
+                        model_margin=model_margin, require_measured=require_measured, ep=as_text(ep),
+                        attn_dp=as_text(attn_dp), speculative_grid=as_text(speculative_grid))
     with backends.make_backend(dask_scheduler, workers, dask_timeout) as be:
         res = execute_plan(spec, be)
     err = plan_error(res)

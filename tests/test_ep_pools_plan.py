@@ -1,0 +1,73 @@
+"""Per-pool expert parallelism (--pool HW:tpN:epN:dpN:xR) and planning over EP / DP attention and
+speculative decoding (servesim plan --ep, --attn-dp, --speculative-grid)."""
+import pytest
+
+import servesim
+from clihelp import one_line_error
+from servesim.planning.plan import PlanSpec, _parallel
+from servesim.pools import parse_pool
+
+
+def test_pool_spec_with_ep_and_dp():
+    s = parse_pool("b200:tp1:ep8:dp8:x2:decode")
+    assert (s.tp, s.ep, s.attn_dp, s.replicas, s.role) == (1, 8, 8, 2, "decode")
+    assert s.gpus == 16
+    assert parse_pool(s.text) == s
+    assert parse_pool("h100-sxm:tp2:x1").text == "h100-sxm:tp2:x1"
+
+
+def test_pool_ep_not_dividing_the_experts_is_one_line():
+    one_line_error("simulate", "--model", "deepseek-v3", "--dtype", "fp8", "--num-requests", "4",
+                   "--pool", "h200-sxm:tp1:ep3:dp3:x1", must_contain=("--pool h200-sxm:tp1:ep3:dp3:x1", "--ep 3"))
+
+
+def test_pd_with_a_wide_ep_decode_pool():
+    s = servesim.simulate(model="deepseek-v3", dtype="fp8", isl=512, osl=64, num_requests=64, rate=8,
+                          pool=("h200-sxm:tp8:x1:prefill", "h200-sxm:tp1:ep8:dp8:x1:decode")).summary
+    pools = {p["role"]: p for p in s["pools"]}
+    assert pools["decode"]["num_gpus"] == 8 and pools["prefill"]["num_gpus"] == 8
+    assert s["config"]["num_gpus"] == 16
+    assert s["num_completed"] == 64
+
+
+def test_plan_parallel_pairs():
+    spec = PlanSpec(base=None, eps=(0,), attn_dps=(1, 8))
+    assert _parallel(spec, 8, True) == [(1, 1), (8, 1), (64, 8)]      # DP without EP: more replicas instead
+    assert _parallel(spec, 1, True) == [(1, 1), (8, 8)]
+    assert _parallel(spec, 8, False) == [(1, 1)]
+    assert _parallel(PlanSpec(base=None, eps=(4,), attn_dps=(1,)), 4, True) == [(4, 1)]
+
+
+@pytest.mark.slow
+def test_plan_searches_ep_for_a_moe_model():
+    res = servesim.plan(model="mixtral-8x7b", hardware="h100-sxm", tp=(2,), rate=2, num_requests=200,
+                        slo="ttft_p99=2s,tpot_p99=100ms", workload="chat")
+    eps = set(res.candidates["ep"])
+    assert eps == {1, 2}
+    assert res.best["ep"] in (1, 2)
+
+
+@pytest.mark.slow
+def test_plan_speculative_grid_explains_itself():
+    res = servesim.plan(model="llama-3.1-8b", hardware="h100-sxm", tp=(1,), rate=2, num_requests=200,
+                        slo="ttft_p99=1s,tpot_p99=9ms", speculative_grid="none,eagle:k=3:acceptance=0.7")
+    specs = {v if isinstance(v, str) else None for v in res.candidates["speculative"]}
+    assert specs == {None, "eagle:k=3:acceptance=0.7"}
+    assert res.best["speculative"] == "eagle:k=3:acceptance=0.7"
+    assert "only speculative decoding" in res.best["speculation"]     # plain decoding cannot reach 9 ms here
+
+
+def test_plan_speculative_grid_checks():
+    one_line_error("plan", "--model", "llama-3.1-8b", "--rate", "2", "--slo", "ttft_p99=1s", "--speculative-grid",
+                   "eagle:k=0:acceptance=0.5", must_contain=("k=0",))
+    one_line_error("plan", "--model", "llama-3.1-8b", "--rate", "2", "--slo", "ttft_p99=1s", "--speculative-grid",
+                   "none,mtp:k=1", "--speculative", "mtp:k=1", must_contain=("contradict",))
+
+
+def test_closed_loop_sweep_over_concurrency():
+    res = servesim.sweep(None, grid={"concurrency": [2, 8]}, num_requests=40, isl=128, osl=16, workers=1)
+    pts = res.points
+    assert list(pts["concurrency"]) == [2, 8] and set(pts["status"]) == {"ok"}
+    assert pts["throughput_output_tokens_per_s_per_gpu"].iloc[1] > pts["throughput_output_tokens_per_s_per_gpu"].iloc[0]
+    one_line_error("sweep", "--rates", "1,2", "--grid", "concurrency=2,4", "--num-requests", "10",
+                   must_contain=("contradict",))
