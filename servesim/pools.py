@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .engine import codes as C
-from .errors import ConfigError, InfeasibleError
+from .errors import ConfigError
 
 FORM = "HW:tpN[:ppM][:epN][:dpN]:xR[:mixed|prefill|decode][:dtype=D][:engine=E], e.g. h100-sxm:tp2:x4, " \
        "a100-sxm-80gb:tp4:x2:decode or b200:tp1:ep8:dp8:x2:decode"
