@@ -135,15 +135,23 @@ def test_bytes_per_request_bounds_the_measured_peak():
             "def status(key):\n"
             "    return next(int(x.split()[1]) * 1024 for x in open('/proc/self/status') if x.startswith(key))\n"
             "servesim.simulate(num_requests=10, isl=64, osl=8)\n"
-            "open('/proc/self/clear_refs', 'w').write('5')\n"
-            "base = status('VmRSS')\n"
-            "assert status('VmHWM') == base\n"
+            "try:\n"
+            "    open('/proc/self/clear_refs', 'w').write('5')\n"
+            "except OSError:\n"
+            "    raise SystemExit(3)\n"
+            "base = status('VmHWM')\n"
+            "if base > status('VmRSS') + 2**22:\n"
+            "    raise SystemExit(3)\n"
             "r = servesim.simulate(num_requests=300000, replicas=16, rate=80.0)\n"
             "print(json.dumps(status('VmHWM') - base))")
     # a first process compiles whatever the run needs; the measured one starts from the warm cache and
-    # resets the peak (VmHWM) after its warm-up, so neither the import nor a compile's peak hides the growth
-    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600)
-    grown = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                      timeout=600).stdout)
+    # resets the peak (VmHWM) after its warm-up, so neither the import nor a compile's peak hides the growth.
+    # Exit 3: the kernel did not reset the peak (a container may refuse clear_refs), nothing to measure.
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+            for _ in range(2)]
+    if runs[-1].returncode == 3:
+        pytest.skip("writing 5 to /proc/self/clear_refs did not reset VmHWM here")
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    grown = json.loads(runs[-1].stdout)
     estimate = budget.run_bytes(300_000, 16, 256)
     assert 0.4 * estimate < grown <= estimate, (grown, estimate)

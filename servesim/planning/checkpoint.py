@@ -101,8 +101,12 @@ class PointStore:
     def put(self, key: str, row: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".{key}.{os.getpid()}.partial"
-        tmp.write_text(json.dumps(row, default=_json_default) + "\n")
-        os.replace(tmp, self.path(key))
+        try:
+            tmp.write_text(json.dumps(row, default=_json_default) + "\n")
+            os.replace(tmp, self.path(key))
+        except BaseException:        # an interrupt mid-write (SIGTERM raises here) leaves no partial file
+            tmp.unlink(missing_ok=True)
+            raise
 
     def count(self) -> int:
         return sum(1 for _ in self.folder.glob("*.json")) if self.folder.is_dir() else 0
