@@ -144,6 +144,22 @@ def test_lru_evicts_a_request_tail_first(rc):
     assert out.prefix[C.HIT_GPU_TOKENS] == 3 * BS
 
 
+def test_freed_blocks_are_taken_in_the_order_they_were_freed(rc):
+    """vLLM V1's free block queue: never-used blocks first, then freed blocks oldest first, cached or
+    not. A (4 shared blocks + 1 private) ends: 15 never used, then [A's private, a4, a3, a2, a1].
+    B (10 blocks) takes 10 never-used ones and ends: [.., B's 10]. D (7 blocks) takes the 5 never
+    used, A's private block and evicts a4 -- though B's 10 freed blocks hold nothing shared -- so C
+    of A's group hits a1-a3 only."""
+    cap = 20
+    a, b, d = 4 * BS + 1, 9 * BS + 1, 6 * BS + 1     # 5, 10 and 7 blocks
+    prompt = [a, b, d, a]
+    chains = shared_prefix_chains(prompt, [1] * 4, ints(0, -1, -1, 0), ints(4 * BS, 0, 0, 4 * BS), BS)
+    cfg = config(rc, 1, prefix_caching=1)
+    out = run(rc, cfg, pools([C.MIXED], [cap]), sequential(4), prompt, [1] * 4, chains)
+    assert out.prefix[C.GPU_EVICTIONS] == 1
+    assert out.prefix[C.HIT_GPU_TOKENS] == 3 * BS
+
+
 def test_cpu_tier_keeps_evicted_blocks_and_reloads_them_over_pcie(rc):
     cap = 20
     a_prompt = 4 * BS + 1

@@ -258,6 +258,32 @@ def test_cpu_tier_full_drops_its_lru_head(replica_cost):
     assert pf[C.HIT_GPU_TOKENS] == 16 and pf[C.HIT_CPU_TOKENS] == 16     # a0 on the GPU, a1 in the CPU tier
 
 
+def test_freed_blocks_are_taken_in_the_order_they_were_freed(replica_cost):
+    """vLLM V1's free block queue (engine/POOLS.md): A (3 shared blocks + 1 private) ends, then B
+    (4 blocks, taken never-used) ends; D (6 blocks) takes the 4 never-used, A's private block and
+    evicts a12, not B's freed blocks; C of A's group hits a10 and a11 (32 tokens)."""
+    rc = replica_cost()
+    pools = pools_of([dict(num_blocks=12)])
+    chains = chains_of([[10, 11, 12], [], [], [10, 11, 12]])
+    ref = run(rc, config(rc, pools, prefix_caching=1), pools, [0.0, 1.0, 2.0, 3.0], [49, 64, 96, 49], [1] * 4,
+              chains)
+    pf = ref["prefix"]
+    assert pf[C.GPU_EVICTIONS] == 1 and pf[C.HIT_GPU_TOKENS] == 32
+
+
+def test_kv_cache_runs_of_private_blocks_keep_their_place():
+    kv = KVCache(6, cpu_capacity=0)
+    kv.take(4)
+    kv.register(1)
+    kv.give_back(3)             # a run of 3 private blocks, then entry 1
+    kv.release(1)
+    assert kv.free == 6 and kv.empty == 2 and list(kv.gpu_lru) == [("run", 1), 1]
+    kv.take(4)                  # 2 never used, 2 of the run
+    assert kv.gpu_lru[("run", 1)] == 1 and kv.gpu_evictions == 0
+    kv.take(2)                  # the run's last block, then entry 1 evicted
+    assert list(kv.gpu_lru) == [] and kv.gpu_evictions == 1 and kv.free == 0
+
+
 def test_shared_prefix_hit_rate_is_analytical(replica_cost, small_engine):
     """Three groups with a 100-token prefix (6 whole blocks), four requests each; every group's first
     request is done before the others arrive, so each later one hits exactly 96 tokens: the hit rate

@@ -120,7 +120,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
             if cfg.policy == C.STATIC:
                 rp.pad_seqs[r] += 1
                 rp.pad_kv[r] += computed[i]
-            release_nb(cfg, rq, rp, cache, chains, r, i, rq.blocks[i])
+            release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
             rq.blocks[i] = 0
             freed = True
             drop_running_nb(rp.running, rp.n_running, r, i)
@@ -265,7 +265,7 @@ def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
         return
     drop_transfer_nb(rq, flow, ctr, i)
     src = rq.pf_replica[i]
-    release_nb(cfg, rq, rp, cache, chains, src, i, rq.src_blocks[i])
+    release_nb(cfg, rq, rp, cache, chains, ctr, src, i, rq.src_blocks[i])
     rq.src_blocks[i] = 0
     rp.load[src] -= 1
     wake_nb(pools, rp, src, max(rp.next_free[src], now))

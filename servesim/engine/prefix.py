@@ -1,7 +1,9 @@
 """The paged KV blocks of a replica with automatic prefix caching (engine/POOLS.md, "Prefix cache").
 
-`free_blocks[r]` = `empty[r]` + the evictable GPU entries (refcount 0, in the replica's LRU list).
-Without prefix caching there are no entries and the two counts move together. Entries are found
+`free_blocks[r]` = `empty[r]` (never used) + the blocks of the replica's LRU list: evictable GPU
+entries (refcount 0) and runs of freed private blocks (tier RUN, `block` = blocks left), in the
+order they were freed, as vLLM V1's free block queue holds them. Without prefix caching there is no
+list and the two counts move together. Entries are found
 by (block id, replica) in an open-addressing table with linear probing and backward-shift
 deletion (Knuth, TAOCP vol. 3, sec. 6.4, Algorithm R).
 """
@@ -12,6 +14,8 @@ from numba import njit
 from . import codes as C
 from .jit import HANDLER
 from .state import ENTRIES_FREE
+
+RUN = 3         # Cache.tier of a run of freed private blocks in a GPU LRU list (Cache.block: its size)
 
 
 @njit(**HANDLER)
@@ -123,24 +127,29 @@ def new_entry_nb(cfg, cache, ctr, block, r):
 
 # ------------------------------------------------------------------ blocks
 @njit(**HANDLER)
-def give_nb(rp, r, n):
-    """n private blocks become empty."""
-    rp.free_blocks[r] += n
-    rp.empty[r] += n
-
-
-@njit(**HANDLER)
 def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
-    """Take n free blocks: empty ones first, then evict the least recently freed entries (to the
-    CPU tier when the pool has one)."""
+    """Take n free blocks: never-used ones first, then from the LRU head (least recently freed):
+    a run of freed private blocks gives its blocks, an entry is evicted (to the CPU tier when the
+    pool has one)."""
     rp.free_blocks[r] -= n
     k = n if rp.empty[r] >= n else rp.empty[r]
     rp.empty[r] -= k
     if cache is None:       # no prefix cache: every free block is empty (k == n)
         return
     cpu = pools.cpu_blocks[rp.pool[r]]
-    for _ in range(n - k):
+    m = n - k
+    while m > 0:
         e = rp.lru_head[r]
+        if cache.tier[e] == RUN:
+            t = m if cache.block[e] > m else cache.block[e]
+            cache.block[e] -= t
+            m -= t
+            if cache.block[e] == 0:
+                lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+                cache.free_stack[ctr[ENTRIES_FREE]] = e
+                ctr[ENTRIES_FREE] += 1
+            continue
+        m -= 1
         lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
         prefix[C.GPU_EVICTIONS] += 1.0
         if cpu > 0:
@@ -158,12 +167,22 @@ def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
 
 
 @njit(**HANDLER)
-def release_nb(cfg, rq, rp, cache, chains, r, i, held):
-    """Request i gives back the `held` blocks it has on replica r: private ones become empty, its
-    referenced entries are released from the last to the first (refcount 0: to the LRU tail)."""
-    give_nb(rp, r, held - rq.n_ref[i])
-    if cache is None:       # no prefix cache: no entries (n_ref == 0)
+def release_nb(cfg, rq, rp, cache, chains, ctr, r, i, held):
+    """Request i gives back the `held` blocks it has on replica r, last to first, to the LRU tail:
+    first its private blocks (one run), then its referenced entries (those reaching refcount 0)."""
+    n = held - rq.n_ref[i]
+    rp.free_blocks[r] += n
+    if cache is None:       # no prefix cache: no entries (n_ref == 0), no list
+        rp.empty[r] += n
         return
+    if n > 0:               # one run, not in the table
+        ctr[ENTRIES_FREE] -= 1
+        e = cache.free_stack[ctr[ENTRIES_FREE]]
+        cache.block[e] = n
+        cache.rep[e] = r
+        cache.ref[e] = 0
+        cache.tier[e] = RUN
+        lru_append_nb(cache, rp.lru_head, rp.lru_tail, r, e)
     base = chains.start[i]
     for j in range(rq.n_ref[i] - 1, -1, -1):
         e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)

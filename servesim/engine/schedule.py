@@ -85,10 +85,10 @@ def swap_seconds_nb(swap, pools, rp, rq, r, i):
 
 
 @njit(**HANDLER)
-def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, stats, r, v):
+def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
     """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
     swap_s = 0.0
-    release_nb(cfg, rq, rp, cache, chains, r, v, rq.blocks[v])
+    release_nb(cfg, rq, rp, cache, chains, ctr, r, v, rq.blocks[v])
     if cfg.preemption == C.SWAP:
         swap_s = swap_seconds_nb(swap, pools, rp, rq, r, v)
         rq.status[v] = C.SWAPPED
@@ -249,7 +249,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
                         break
-                    swap_s += preempt_nb(swap, cfg, pools, rq, rp, cache, chains, stats, r, v)
+                    swap_s += preempt_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v)
                     preempted_now = True
                     if v == i:
                         victim_self = True

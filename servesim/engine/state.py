@@ -188,8 +188,8 @@ class Replicas(NamedTuple):
     pad_seqs: np.ndarray        # static: finished members still padding the batch
     pad_kv: np.ndarray
     slot_start: np.ndarray      # (R * pp) when the micro-batch in the slot was launched
-    empty: np.ndarray           # free blocks holding nothing (free_blocks = empty + evictable entries)
-    lru_head: np.ndarray        # evictable GPU entries, least recently freed first (Cache.prev/next)
+    empty: np.ndarray           # never-used free blocks (free_blocks = empty + the LRU list's blocks)
+    lru_head: np.ndarray        # evictable GPU entries and runs of freed private blocks, least recently freed first
     lru_tail: np.ndarray
     cpu_head: np.ndarray        # CPU-tier entries, least recently stored first
     cpu_tail: np.ndarray
@@ -204,7 +204,7 @@ class Cache(NamedTuple):
     block: np.ndarray           # entry -> block id
     rep: np.ndarray             # entry -> replica
     ref: np.ndarray             # requests referencing it (GPU); 0: evictable
-    tier: np.ndarray            # 0 GPU, 1 CPU
+    tier: np.ndarray            # 0 GPU, 1 CPU, 2 being reloaded, 3 a run of freed private blocks (prefix.RUN)
     prev: np.ndarray            # LRU links (GPU or CPU list of its replica)
     next: np.ndarray
     free_stack: np.ndarray      # unused entries

@@ -178,8 +178,10 @@ class Entry:
 class KVCache:
     """One replica's GPU blocks with vLLM's automatic prefix cache and an optional CPU tier.
 
-    free = empty blocks + evictable GPU entries (refcount 0, in `gpu_lru`, least recently freed
-    first). Without prefix caching no entry is ever made and this is a plain block pool."""
+    free = never-used blocks (`empty`) + the blocks of `gpu_lru`, vLLM V1's free block queue in the
+    order they were freed: evictable GPU entries (refcount 0, key: block id) and runs of freed
+    private blocks (key: ("run", k), value: blocks left). Without prefix caching no entry is ever
+    made and this is a plain block pool."""
 
     def __init__(self, capacity: int, cpu_capacity: int = 0):
         self.capacity = capacity
@@ -188,26 +190,38 @@ class KVCache:
         self.entries: dict = {}                 # block id -> Entry
         self.gpu_lru: OrderedDict = OrderedDict()
         self.cpu_lru: OrderedDict = OrderedDict()
+        self.run_blocks = 0                     # blocks in the runs of gpu_lru
+        self.runs = 0                           # runs made (their keys)
+        self.live_runs = 0                      # runs in gpu_lru
         self.gpu_evictions = 0
         self.cpu_evictions = 0
 
     @property
     def free(self) -> int:
-        return self.empty + len(self.gpu_lru)
+        return self.empty + self.run_blocks + len(self.gpu_lru) - self.live_runs
 
     @property
     def in_use(self) -> int:
         return self.capacity - self.free
 
     def take(self, n: int) -> None:
-        """n new blocks: empty ones first, then the LRU head entries, evicted (to the CPU tier if any)."""
+        """n new blocks: never-used ones first, then from the head of gpu_lru: a run's blocks, an
+        entry evicted (to the CPU tier if any)."""
         if n < 0 or n > self.free:
             raise KVAccountingError(f"take {n} blocks with {self.free} of {self.capacity} free")
         for _ in range(n):
             if self.empty > 0:
                 self.empty -= 1
                 continue
-            bid, _ = self.gpu_lru.popitem(last=False)
+            bid = next(iter(self.gpu_lru))
+            if is_run(bid):
+                self.run_blocks -= 1
+                self.gpu_lru[bid] -= 1
+                if self.gpu_lru[bid] == 0:
+                    del self.gpu_lru[bid]
+                    self.live_runs -= 1
+                continue
+            del self.gpu_lru[bid]
             self.gpu_evictions += 1             # a block leaves GPU memory (moved or dropped)
             if self.cpu_capacity > 0:
                 if len(self.cpu_lru) >= self.cpu_capacity:
@@ -220,10 +234,14 @@ class KVCache:
                 del self.entries[bid]
 
     def give_back(self, n: int) -> None:
-        """n private blocks become empty."""
+        """n private blocks are freed: one run at the tail of gpu_lru."""
         if n < 0 or self.free + n > self.capacity:
             raise KVAccountingError(f"give back {n} blocks with {self.free} of {self.capacity} free")
-        self.empty += n
+        if n > 0:
+            self.runs += 1
+            self.gpu_lru[("run", self.runs)] = n
+            self.run_blocks += n
+            self.live_runs += 1
 
     def acquire(self, bid) -> None:
         e = self.entries[bid]
@@ -249,6 +267,11 @@ class KVCache:
 
     def referenced(self) -> int:
         return sum(1 for e in self.entries.values() if e.tier == GPU and e.ref > 0)
+
+
+def is_run(key) -> bool:
+    """A key of KVCache.gpu_lru naming a run of freed private blocks, not an entry."""
+    return isinstance(key, tuple)
 
 
 @dataclass(eq=False)
@@ -455,7 +478,7 @@ class ReferenceSimulator:
             if not 0 <= kv.empty <= kv.capacity or len(kv.cpu_lru) > kv.cpu_capacity:
                 raise KVAccountingError(f"replica {rep.index}: {kv.empty} empty blocks, "
                                         f"{len(kv.cpu_lru)} of {kv.cpu_capacity} in the CPU tier")
-            if any(kv.entries[b].tier != GPU or kv.entries[b].ref != 0 for b in kv.gpu_lru) or \
+            if any(kv.entries[b].tier != GPU or kv.entries[b].ref != 0 for b in kv.gpu_lru if not is_run(b)) or \
                     any(kv.entries[b].tier != CPU for b in kv.cpu_lru):
                 raise KVAccountingError(f"replica {rep.index}: an LRU list holds a wrong entry")
             if any(q.n_ref for q in rep.waiting) or any(q.blocks for q in rep.waiting if q.generated == 0):
@@ -550,7 +573,7 @@ class ReferenceSimulator:
             req.n_ref += 1
 
     def free(self, rep: Replica, req: Request):
-        """Private blocks become empty; then the chain entries are released from tail to head."""
+        """Private blocks are freed (one run), then the chain entries are released from tail to head."""
         rep.kv.give_back(req.blocks - req.n_ref)
         for k in range(req.n_ref - 1, -1, -1):
             rep.kv.release(req.chain[k])
