@@ -173,8 +173,9 @@ def pool_specs(lp: dict, ld: dict, p: int, d: int, dtypes: tuple) -> tuple[str, 
     """The two `--pool` texts of a candidate (dtype named in the spec only when dtypes are searched)."""
     from ..pools import PoolSpec
     multi = len(dtypes) > 1
-    sp = PoolSpec(lp["hardware"], lp["tp"], lp["pp"], p, "prefill", lp["dtype"] if multi else None)
-    sd = PoolSpec(ld["hardware"], ld["tp"], ld["pp"], d, "decode", ld["dtype"] if multi else None)
+    sp, sd = (PoolSpec(x["hardware"], tp=x["tp"], pp=x["pp"], replicas=n, role=role, ep=x.get("ep", 1),
+                       attn_dp=x.get("attn_dp", 1), dtype=x["dtype"] if multi else None)
+              for x, n, role in ((lp, p, "prefill"), (ld, d, "decode")))
     return sp.text, sd.text
 
 
