@@ -40,12 +40,15 @@ FIT = ("attn_decode_hbm_fraction",)
 # The serving runtime's end-to-end keys are vLLM's fit (experiments/fit_vllm_host.py): the static-batch
 # rows ran TensorRT-LLM's session benchmark, which has no scheduler and no HTTP frontend, so they cannot
 # show them (fitted there, host_step_us goes to its lower bound and the held-out online ITL is 19% fast).
+# The in-process benchmarks (static and offline rows) are simulated without the frontend (harness_fit).
 BORROWED = ("graph_overlap", "host_step_us", "host_per_seq_us", "frontend_us")
 HOST_NOTE = ("attn_decode_hbm_fraction: experiments/validate_serving.py on the TensorRT-LLM v0.9 static-batch "
              "rows, see experiments/results/serving_validation.md (the AIConfigurator decode table reads KV "
              "faster than HBM allows, an L2 effect of its shared pages); graph_overlap, host_step_us, "
              "host_per_seq_us, frontend_us: vLLM's end-to-end fit (experiments/fit_vllm_host.py): the static "
-             "rows ran a session benchmark without scheduler or HTTP frontend and cannot show them")
+             "rows ran a session benchmark without scheduler or HTTP frontend and cannot show them; "
+             "frontend_us is the Triton rows' (request_rate): the in-process benchmarks (gptSessionBenchmark, "
+             "trtllm-bench) run without it (servesim/calibrate/serving.py harness_fit)")
 
 
 def split_of(kind: str) -> str:

@@ -36,6 +36,24 @@ def test_setup_mapping():
     assert setup_of(row)["offline"] is True
 
 
+def test_in_process_benchmarks_run_without_the_frontend():
+    """A batch-1 static TTFT row (gptSessionBenchmark, no HTTP server) is the profile's TTFT less
+    exactly its frontend time; a Triton row (request_rate) keeps it."""
+    from servesim.api import SimConfig, simulate
+    from servesim.calibrate.serving import harness_fit
+    from servesim.config import load_hardware
+    from servesim.config.engine import load_engine
+
+    df = load_published()
+    row = df[(df.load_kind == "static_batch") & (df.metric == "ttft_ms")].iloc[:1]
+    fit = load_engine("trtllm").fit_for(load_hardware(setup_of(row.iloc[0])["hardware"]))
+    assert fit.frontend_s > 0
+    with_frontend = simulate(SimConfig(**setup_of(row.iloc[0]))).summary["ttft_ms"]["mean"]
+    assert predict(row).predicted.iloc[0] == pytest.approx(with_frontend - 1e3 * fit.frontend_s, rel=1e-9)
+    assert harness_fit(df[df.load_kind == "request_rate"].iloc[0]) == {}
+    assert harness_fit(df[df.load_kind == "offline_max_throughput"].iloc[0]) == {"frontend_s": 0.0}
+
+
 def test_bad_published_file(tmp_path):
     p = tmp_path / "bad.csv"
     p.write_text("model,hardware\nLlama-2-7B,H100\n")

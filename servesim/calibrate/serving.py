@@ -118,6 +118,19 @@ def setup_of(row) -> dict:
     return opts
 
 
+# Benchmarks that drive the engine in process on token ids, with no HTTP server: gptSessionBenchmark
+# (the v0.9 static rows; TensorRT-LLM v0.9 benchmarks/cpp: the C++ GptSession fed synthetic token
+# ids) and trtllm-bench (the offline rows: the executor in process on a pre-tokenised dataset). The
+# engine's frontend time (HTTP, tokenisation, IPC) is not in what they time; the Triton rows
+# (request_rate) keep it.
+IN_PROCESS = ("static_batch", "offline_max_throughput")
+
+
+def harness_fit(row) -> dict:
+    """EngineFit fields the row's benchmark harness sets: no frontend for the in-process benchmarks."""
+    return {"frontend_s": 0.0} if row.load_kind in IN_PROCESS else {}
+
+
 def metric_of(summary: dict, row) -> float:
     """The simulated figure of a published row. Throughputs as the benchmarks measure them: completions
     over the whole run, first send to last completion, the drain included (``throughput.whole_run``;
@@ -144,7 +157,7 @@ def predict(df: pd.DataFrame, engine_overrides: dict | None = None, hardware_pro
     """Simulate every row (rows sharing a setup share one run). Adds `predicted` and `rel_error`.
 
     ``engine_overrides``: {hardware name: {EngineFit field: value}} replacing the fit of the row's
-    engine on that hardware (used by ``fit_engine``); ``hardware_profiles`` / ``engine_profiles``:
+    engine on that hardware (used by ``fit_engine``), then what the row's harness sets (``harness_fit``); ``hardware_profiles`` / ``engine_profiles``:
     in-memory profiles by name, replacing the shipped ones."""
     from ..api import SimConfig
     from ..config import load_hardware
@@ -155,13 +168,14 @@ def predict(df: pd.DataFrame, engine_overrides: dict | None = None, hardware_pro
     preds = []
     for row in df.itertuples():
         opts = setup_of(row)
-        key = tuple(sorted(opts.items()))
+        fit = {**(engine_overrides or {}).get(opts["hardware"], {}), **harness_fit(row)}
+        key = tuple(sorted(opts.items())) + tuple(sorted(fit.items()))
         if key not in cache:
             try:
                 hw = (hardware_profiles or {}).get(opts["hardware"]) or load_hardware(opts["hardware"])
                 eng = (engine_profiles or {}).get(opts["engine"]) or load_engine(opts["engine"])
-                if engine_overrides and opts["hardware"] in engine_overrides:
-                    eng = with_fit_for(eng, hw, **engine_overrides[opts["hardware"]])
+                if fit:
+                    eng = with_fit_for(eng, hw, **fit)
                 cache[key] = _simulate_with(hw, eng, SimConfig(**opts))
             except ServesimError as e:
                 cache[key] = e
