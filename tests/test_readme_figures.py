@@ -297,6 +297,7 @@ KERN = "engine_kernels_validation.md"
 TRAINMD = "training_validation.md"
 VLLM = "vllm_validation.md"
 STEP = "step_table.md"
+TTFT = "ttft_steps.md"
 
 
 def results_text(name: str) -> str:
@@ -580,6 +581,22 @@ FIGURES = [
         lambda: (vllm_h100("frontend_us") / 1000,
                  *(lambda v: (v.min(), v.max()))(static_ttft_rows("H100").value), BEFORE), EXACT),
         # 27.7%: serving_validation.md before the in-process rows dropped the frontend (2a369ae)
+    Fig(CAL, r"on the # deployments of the short-output workloads", lambda: found(r"On the (\d+) deployments",
+                                                                                  results_text(TTFT)), EXACT),
+    Fig(CAL, r"the measured TTFT is # ms \+ # x ITL,\s+each within -#..\+#% of that line",
+        lambda: found(r"TTFT = ([\d.]+) ms \+ ([\d.]+) x ITL.*?within -([\d.]+)\.\.\+([\d.]+)%", results_text(TTFT)),
+        EXACT),
+    Fig(CAL, r"The three reasoning deployments sit \+#..\+#% above the line",
+        lambda: (min(found(r"reasoning-lite-\S+ \+([\d.]+)%, \S+ \+([\d.]+)%, \S+ \+([\d.]+)%", results_text(TTFT))),
+                 max(found(r"reasoning-lite-\S+ \+([\d.]+)%, \S+ \+([\d.]+)%, \S+ \+([\d.]+)%", results_text(TTFT)))),
+        EXACT),
+    Fig(CAL, r"on the codegen shape at # req/s asks\s+# output tokens/s",
+        lambda: found(r"against ([\d,]+) that (\d+) req/s", results_text(TTFT))[::-1], EXACT),
+    Fig(CAL, r"\(# sequences at the mean context of #\s+tokens\) gives at most #",
+        lambda: found(r"the batch is (\d+): ([\d,]+) tokens/s at the datasheet", results_text(TTFT))[:1]
+        + found(r"mean context (\d+) tokens", results_text(TTFT))
+        + found(r"the batch is \d+: ([\d,]+) tokens/s at the datasheet", results_text(TTFT)), EXACT),
+    Fig(CAL, r"and # generated tokens per request", lambda: found(r"x (\d+) tokens ask for", results_text(TTFT)), EXACT),
     Fig(CAL, r"\(#% of an H100 step, median\)",
         lambda: pct(next(r for r in md_tables(STEP)[5] if r["gpu"] == "h100-sxm")["elementwise share"])),
     Fig(CAL, r"`step_gpu_us` #, GPU time", lambda: vllm_h100("step_gpu_us"), EXACT),
