@@ -1,5 +1,5 @@
-"""TTFT in engine steps on the 13 real vLLM deployments (issue #23, the TTFT stage bias), and the
-L40S codegen roofline (issue #23, unseen GPUs).
+"""TTFT in engine steps on the 13 real vLLM deployments (issue #23, the TTFT stage bias), the L40S
+codegen roofline and the A100's carried end-to-end terms (issue #23, unseen GPUs).
 
     python experiments/ttft_steps.py      # ~20 s; writes experiments/results/ttft_steps.md
 
@@ -86,6 +86,33 @@ def l40s_roofline() -> dict:
                 batch=batch, step_ms=1e3 * step, mem_gib=mem / 2**30, tok_s=batch / step, need=10 * out_len, bw=bw / 1e9)
 
 
+def a100_terms() -> list[str]:
+    """A100 decode steps of dense 8B / 14B / 34B models: the kernels (its own vLLM tables), the GPU
+    time per step outside the forward (H100's step_gpu_us scaled by A100's own GEMM fixed time) and
+    the engine core's host time (H100's, CPU) that async scheduling hides behind the GPU step."""
+    from servesim.config import load_hardware
+    from servesim.config.engine import load_engine
+    from servesim.workflows import cost
+    fit = load_engine("vllm").fit_for(load_hardware("a100-sxm-80gb"))
+    hf = ROOT / "workloads" / "models" / "hf"
+    out = ["| model | TP | batch | step ms | kernels ms | step_gpu ms | host ms (hidden when < step) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, model, tp in (("llama-3.1-8b", "llama-3.1-8b", 1), ("qwen3-14b", str(hf / "qwen3-14b.json"), 1),
+                            ("codellama-34b", str(hf / "codellama-34b-hf.json"), 2)):
+        for batch in (8, 64, 256):
+            r = cost(model, "a100-sxm-80gb", tp=tp, decode_seqs=batch, context=720, max_num_seqs=256)
+            parts = dict(zip(r.breakdown.part, r.breakdown.time_ms))
+            host = 1e3 * (fit.host_step_s + batch * fit.host_per_seq_s)
+            out.append(f"| {name} | {tp} | {batch} | {r.summary['time_ms']:.2f} | "
+                       f"{r.summary['time_ms'] - parts['overhead']:.2f} | {parts['overhead']:.3f} | {host:.2f} |")
+    return ["", "## A100: the end-to-end terms carried from H100", "",
+            f"`config.engine_fit`: {fit.note}.", "",
+            "Decode steps at context 720 (`servesim cost`): the kernels from A100's own vLLM tables; "
+            f"step_gpu_us {1e6 * fit.step_gpu_s:.0f} (H100's, scaled by A100's GEMM fixed time); the engine core's "
+            f"host time {1e6 * fit.host_step_s:.0f} us + {1e6 * fit.host_per_seq_s:.0f} us per sequence (H100's; CPU) runs "
+            "while the GPU executes the step before (async scheduling) and only shows where it is longer.", ""] + out
+
+
 def main():
     table, s = steps_table()
     r = l40s_roofline()
@@ -108,6 +135,7 @@ def main():
            f"tokens: vLLM's non-torch memory and activation peak taken out) the batch is {r['sim_batch']}: "
            f"{r['sim_roof_tok_s']:,.0f} tokens/s at the datasheet bandwidth, {r['sim_tok_s']:,.0f} with the "
            f"model's step ({r['sim_step_ms']:.1f} ms, A100's kernel efficiencies as fractions of the L40S peaks).", ""]
+    md += a100_terms() + [""]
     (RESULTS / "ttft_steps.md").write_text("\n".join(md))
     print("\n".join(md))
 

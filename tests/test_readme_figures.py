@@ -597,6 +597,13 @@ FIGURES = [
         + found(r"mean context (\d+) tokens", results_text(TTFT))
         + found(r"the batch is \d+: ([\d,]+) tokens/s at the datasheet", results_text(TTFT)), EXACT),
     Fig(CAL, r"and # generated tokens per request", lambda: found(r"x (\d+) tokens ask for", results_text(TTFT)), EXACT),
+    Fig(CAL, r"host time carried from H100 \(at most # ms, at batch #\)",
+        lambda: (max(float(r["host ms (hidden when < step)"]) for r in md_tables(TTFT)[-1]),
+                 max(int(r["batch"]) for r in md_tables(TTFT)[-1])), EXACT),
+    Fig(CAL, r"`step_gpu_us` \(# us: H100's, scaled by A100's\s+own GEMM fixed time\), is #-#% of a step",
+        lambda: (float(md_tables(TTFT)[-1][0]["step_gpu ms"]) * 1000,
+                 min(100 * float(r["step_gpu ms"]) / float(r["step ms"]) for r in md_tables(TTFT)[-1]),
+                 max(100 * float(r["step_gpu ms"]) / float(r["step ms"]) for r in md_tables(TTFT)[-1])), EXACT),
     Fig(CAL, r"\(#% of an H100 step, median\)",
         lambda: pct(next(r for r in md_tables(STEP)[5] if r["gpu"] == "h100-sxm")["elementwise share"])),
     Fig(CAL, r"`step_gpu_us` #, GPU time", lambda: vllm_h100("step_gpu_us"), EXACT),
