@@ -82,6 +82,7 @@ class Option:
     fill: object = None            # None is filled with this constant
     grid: bool = True              # a `--grid` key of sweep
     hint: str = ""                 # what None means, added to a range error
+    echo: bool = True              # shown in a result's config and sweep rows (False: how, not what, is simulated)
 
     def choice_list(self) -> tuple:
         return self.choices() if callable(self.choices) else tuple(self.choices)
@@ -213,6 +214,10 @@ class SimConfig:
     slo: object = opt(None, "slo", grid=False, help="Latency targets, e.g. ttft_p99=500ms,tpot_p99=50ms.")
     seed: int = opt(0, "int", ge=0, help="Seed of every random draw.")
     price: float | None = opt(None, "float", ge=0.0, help="Override $ per GPU-hour.")
+    fast_forward: bool = opt(True, "bool", grid=False, echo=False,
+                             help="Run a replica's decode iterations between batch changes from aggregates "
+                                  "(engine/span.py); --no-fast-forward steps request by request, the reference "
+                                  "path (identical results, slower).")
 
 
 def options() -> dict[str, Option]:
@@ -240,9 +245,12 @@ def default_rate(workload) -> float:
 
 
 def plain(cfg) -> dict:
-    """Every field of a SimConfig as a plain value (the SLO as its text), for JSON and tables."""
+    """Every field of a SimConfig as a plain value (the SLO as its text), for JSON and tables; not the
+    fields that change how, not what, is simulated (``echo`` False)."""
     out = {}
     for f in fields(cfg):
+        if not f.metadata["option"].echo:
+            continue
         v = getattr(cfg, f.name)
         out[f.name] = str(v) if f.metadata["option"].kind in ("slo", "speculative") and v is not None else v
     return out

@@ -72,7 +72,7 @@ def click_option(name: str, **overrides):
         kw.update(type=Duration(), default=None if default is None else f"{default:g}s")
     elif o.kind == "bool":
         kw = dict(is_flag=True, default=default, help=o.help_text())
-        if default is None:      # on/off, None: the engine profile's
+        if default is None or default is True:      # on/off (None: the engine profile's)
             kw.update(overrides)
             return click.option(f"{flag(name)}/--no-{flag(name)[2:]}", name, **kw)
     elif o.kind == "pools":

@@ -17,6 +17,7 @@ from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_
 from .jit import HANDLER
 from .nextevent import set_time_nb
 from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, take_nb
+from .span import gap_bin_nb, span_complete_nb, span_next_nb
 from .schedule import continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
 from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
@@ -24,18 +25,6 @@ from .state import (
     STAT_KV_TIME, STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
     STAT_DRAFT, STAT_SPEC_STEPS, STAT_SPEC_TOKENS, STAT_VERIFY,
 )
-
-
-@njit(**HANDLER)
-def gap_bin_nb(gap):
-    if gap <= 0.0:
-        return 0
-    x = (math.log10(gap) - C.GAP_LOG10_MIN) / (C.GAP_LOG10_MAX - C.GAP_LOG10_MIN) * C.GAP_BINS
-    if x < 0.0:
-        return 0
-    if x >= C.GAP_BINS:
-        return C.GAP_BINS - 1
-    return int(x)
 
 
 @njit(**HANDLER)
@@ -64,7 +53,7 @@ def wake_nb(pools, rp, r, at):
 
 
 @njit(inline="always", **HANDLER)
-def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now, spec):
+def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now, spec, sp):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
     their blocks; on a prefill replica a finished prompt goes to a decode replica."""
     computed, generated, prompt = rq.computed, rq.generated, rq.prompt
@@ -80,7 +69,10 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
     freed = False
     cached_gap = -1.0
     cached_bin = 0
-    for j in range(rp.slot_n[k]):
+    n = rp.slot_n[k]
+    if spec is None and sp.active[r] and span_complete_nb(cfg, rq, rp, sp, gap_hist, r, now):
+        n = 0                       # an iteration of a decode span (span.py): its members untouched
+    for j in range(n):
         i = slot_req[k, j]
         in_flight[i] = False
         new = 1                     # tokens emitted
@@ -319,31 +311,40 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 
 
 @njit(inline="always", **HANDLER)
-def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps):
-    """A scheduling decision on replica r: form one micro-batch and launch it."""
+def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp):
+    """A scheduling decision on replica r: form one micro-batch and launch it (the next iteration of a
+    decode span, span.py, when it can be one)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.pool[r]
     before = stats[pl, STAT_PREEMPTIONS]
-    if cfg.policy == C.STATIC:
+    kv_span = -1
+    if spec is None and cfg.fast_forward and cfg.policy != C.STATIC:
+        kv_span = span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r)
+    if kv_span >= 0:
+        nb = sp.n[r]
+        swap_s = 0.0
+    elif cfg.policy == C.STATIC:
         nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
         nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
                                          spec)
     if nb > 0:
         if spec is not None:
-            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl])
+            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1)
         else:
-            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl])
+            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl], kv_span)
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp):
+def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it. With
     speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
-    (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``)."""
+    (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
+    ``kv_span`` >= 0: an iteration of a decode span (span.py), nb decodes whose KV sums to it; its
+    members are already in the slot."""
     pl = rp.pool[r]
     PP = pools.pp[pl]
     base = r * cfg.pp
@@ -358,7 +359,14 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     n_spec = 0.0
     kv_spec = 0.0
     spec_tok = 0.0
-    for j in range(nb):
+    if kv_span >= 0:        # the sums below, of nb decodes (exact integers in floating point)
+        n_dec = float(nb)
+        kv_dec = float(kv_span)
+        n_logit = float(nb)
+        nb_loop = 0
+    else:
+        nb_loop = nb
+    for j in range(nb_loop):
         i = b_req[j]
         c = b_chunk[j]
         pend = prompt[i] + generated[i] - computed[i]
@@ -425,7 +433,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     rp.slot_start[k] = now
     rp.slot_n[k] = nb
     slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
-    for j in range(nb):
+    for j in range(nb_loop):
         slot_req[k, j] = b_req[j]
         slot_chunk[k, j] = b_chunk[j]
         in_flight[b_req[j]] = True

@@ -24,12 +24,13 @@ from .events import arrive_nb, complete_nb, schedule_nb, transfer_nb
 from .flow import heap_pop_nb
 from .jit import HANDLER
 from .nextevent import first_nb
+from .span import span_end_nb
 from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are read from here)
     ENDED, HEAP_N, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
     STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, new_cache,
-    new_counters, new_flow, new_log, new_replicas, new_requests, new_step,
+    new_counters, new_flow, new_log, new_replicas, new_requests, new_span, new_step,
 )
 
 
@@ -69,12 +70,13 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     if spec is not None:
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dps = padded(tuple(dps if dps is not None else ps))
+    sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
     run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
-           pool_stats, prefix, gap_hist, spec, dps)
+           pool_stats, prefix, gap_hist, spec, dps, sp)
     stats = pool_stats.sum(axis=0)          # the pools summed in order; the largest KV in use, the run's end time
     for j in (STAT_KV_MAX, STAT_END_TIME):
         stats[j] = max(0.0, pool_stats[:, j].max())
-    return engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix)
+    return engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix)._replace(span_iterations=int(sp.count[0]))
 
 
 @njit(**HANDLER)
@@ -98,7 +100,7 @@ def skip_followups_nb(rq, ctr):
 
 
 @njit(cache=True, _nrt=False)
-def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps):
+def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp):
     """The event loop over state the caller owns (borrowed: see `jit.py`)."""
     n = rq.prompt.shape[0]
     now = 0.0
@@ -115,7 +117,7 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
         now = t
         if t_comp <= t:
             complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
-                        k % cfg.pp, now, spec)
+                        k % cfg.pp, now, spec, sp)
         elif flow is not None and t_x <= t:
             transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, x, now)
         elif t_arr <= t:
@@ -126,8 +128,11 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps)
+            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
+                        sp)
     for r in range(cfg.replicas):
+        if sp.active[r]:    # the clock stopped in a decode span: its requests brought up to date
+            span_end_nb(cfg, rq, rp, sp, r)
         if rp.n_in_flight[r] > 0:
             stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
     for k in range(stats.shape[0]):

@@ -271,7 +271,8 @@ def lower_deployment(cfg, model, specs, opts: EngineOptions, *, hw=None, hw_prof
     ecfg = ecfg._replace(replicas=int(sum(lp.spec.replicas for lp in lowered)),
                          pp=int(max(lp.spec.pp for lp in lowered)),
                          prefix_caching=int(bool(getattr(cfg, "prefix_caching", False))),
-                         layerwise=int(bool(getattr(cfg, "layerwise_transfer", False))))
+                         layerwise=int(bool(getattr(cfg, "layerwise_transfer", False))),
+                         fast_forward=int(bool(getattr(cfg, "fast_forward", True))))
     return Deployment(lowered, table, ecfg)
 
 

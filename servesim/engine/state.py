@@ -40,6 +40,7 @@ class EngineConfig(NamedTuple):
     frontend: float             # closed loop: a client's next request reaches the engine this long after it is sent
     prefix_caching: int = 0     # 1: automatic prefix caching over `Chains` (POOLS.md)
     layerwise: int = 0          # 1: KV transfers pipelined layer by layer (only the last layer exposed)
+    fast_forward: int = 1       # 1: decode spans without touching their requests (span.py); 0: step by step
 
 
 class Pools(NamedTuple):
@@ -83,6 +84,7 @@ class EngineOutput(NamedTuple):
     xfer_start: np.ndarray      # KV transfer of each request (nan: none)
     xfer_end: np.ndarray
     pf_replica: np.ndarray      # the prefill replica (-1: none)
+    span_iterations: int = 0    # iterations run as decode spans (engine/span.py; diagnostic)
 
 
 # run totals (EngineOutput.stats)
@@ -232,6 +234,23 @@ class Spec(NamedTuple):
     steps: np.ndarray           # int64, decode steps taken (state)
 
 
+class Span(NamedTuple):
+    """Decode fast-forward (`span.py`), per replica: a span of iterations whose batch is the whole running
+    list, every member decoding, run from these aggregates; the members' records are brought up to
+    date once, when the span ends."""
+    active: np.ndarray          # 1 while replica r runs a span
+    n: np.ndarray               # members: the first n of its running list
+    kv0: np.ndarray             # their computed tokens, summed, when the span began
+    fin: np.ndarray             # the span's completion that ends a member (counted from 1)
+    launched: np.ndarray        # iterations of the span launched
+    done: np.ndarray            # ... and completed
+    n_warm: np.ndarray          # members whose gaps go to the histogram (arrived after the warm-up)
+    t_last: np.ndarray          # the members' last token (the span's last completion)
+    gap_max: np.ndarray         # the longest gap of the span's completions
+    hits: np.ndarray            # (R, block_size): members taking a block at the span's iterations j = q (mod block_size)
+    count: np.ndarray           # (1) iterations run as spans (diagnostic)
+
+
 class Step(NamedTuple):
     """The micro-batch being formed in one scheduling step (reused from step to step)."""
     req: np.ndarray
@@ -299,6 +318,13 @@ def new_cache(cfg, pools, ctr):
 def new_flow(n, pd):
     m = n if pd else 1
     return Flow(np.zeros(n), np.zeros(n, np.int64), np.zeros(m, np.int64))
+
+
+def new_span(cfg):
+    R = cfg.replicas
+    z = lambda: np.zeros(R, np.int64)  # noqa: E731
+    return Span(z(), z(), z(), z(), z(), z(), z(), np.zeros(R), np.zeros(R), np.zeros((R, cfg.block_size), np.int64),
+                np.zeros(1, np.int64))
 
 
 def new_step(B):
