@@ -1,0 +1,91 @@
+"""Where the time of the standard case goes (experiments/bench_speed.py's run), phase by phase.
+
+    python experiments/profile_speed.py [--requests 1000000] [--no-fast-forward]
+
+Times each stage of one `servesim.simulate` of the standard case (llama-3.1-8b on h100-sxm, 4 replicas,
+chat at 80% of the simulated capacity) with a warm numba cache, best of two runs: workload sampling,
+the lowering of the requests, the kernel, the request frame and the summary's metrics; counts the
+iterations run as decode spans (engine/span.py); and times one call of the step cost
+(`iteration_components_nb`) at a typical decode batch, in a jitted loop, to say how much of the
+kernel is the cost model.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import servesim
+import servesim.api as api
+
+
+def cost_call_ns(p, calls: int = 1_000_000) -> float:
+    from numba import njit
+
+    from servesim.costmodel.iteration import iteration_components_nb
+
+    @njit
+    def loop(p, n):
+        s = 0.0
+        for k in range(n):       # 80 decodes of ~600 tokens of context, the context growing
+            c = iteration_components_nb(p, 0.0, 0.0, 80.0, 0.0, 0.0, 80.0, 48_000.0 + 80.0 * (k % 500))
+            s += c.latency + c.flops + c.nbytes
+        return s
+
+    loop(p, 10)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        loop(p, calls)
+        best = min(best, (time.perf_counter() - t0) / calls * 1e9)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--no-fast-forward", action="store_true")
+    args = ap.parse_args()
+    cap = servesim.simulate(replicas=4, offline=True, num_requests=20000, seed=1).summary
+    rate = 0.8 * cap["throughput"]["requests_per_s"]
+    phases = {}
+    seen = {}
+
+    def timed(name, f):
+        def g(*a, **k):
+            t0 = time.perf_counter()
+            out = f(*a, **k)
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+            if name == "kernel":
+                seen["spans"] = out.span_iterations
+                seen["inputs"] = a[0]
+            return out
+        return g
+
+    for name, attr in (("sampling", "build_requests"), ("lowering", "lower_requests"), ("kernel", "run"),
+                       ("request frame", "requests_frame"), ("metrics", "summarize")):
+        setattr(api, attr, timed(name, getattr(api, attr)))
+    best = None
+    for _ in range(2):
+        phases.clear()
+        t0 = time.perf_counter()
+        res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0,
+                                fast_forward=not args.no_fast_forward)
+        wall = time.perf_counter() - t0
+        if best is None or wall < best[0]:
+            best = (wall, dict(phases))
+    wall, phases = best
+    its = res.summary["iterations"]
+    print(f"{args.requests:,} requests, {its:,} iterations ({its / args.requests:.2f} per request), "
+          f"fast-forward {'off' if args.no_fast_forward else 'on'}: {seen['spans']:,} iterations in spans "
+          f"({seen['spans'] / its:.0%})")
+    print(f"whole run {wall:.2f} s ({args.requests / wall:,.0f} requests/s), best of 2")
+    for name, s in phases.items():
+        print(f"  {name:14s} {s:6.2f} s  {s / wall:4.0%}")
+    print(f"  {'other':14s} {wall - sum(phases.values()):6.2f} s")
+    ns = cost_call_ns(seen["inputs"].ps[0])
+    print(f"kernel per iteration {phases['kernel'] / its * 1e9:,.0f} ns, of which one step cost "
+          f"(iteration_components_nb) {ns:,.0f} ns: {ns * its * 1e-9:.2f} s of the kernel")
+
+
+if __name__ == "__main__":
+    main()
