@@ -70,7 +70,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# the default run keeps the golden scenarios and three more; the rest is `slow` (the 4-minute budget)
+DEFAULT_RUN = {p.stem for p in GOLDEN.glob("*.json")} | {"four replicas", "recompute preemption",
+                                                        "clock stopped mid-span"}
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT_RUN else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
 def test_fast_forward_gives_the_step_loops_records(monkeypatch, name):
     ff, step = _both(_inputs(monkeypatch, **CASES[name]))
     _assert_identical(ff, step)
