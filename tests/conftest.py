@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import functools
+import os
 import types
 
 import numpy as np
 import pytest
 
-from servesim.config import load_hardware, load_model
+# a run that uses the prefix cache or the flow of turns/transfers compiles the kernel with both: one
+# specialisation for the suite instead of three (engine/kernel.py; the pruned ones: test_golden, slow)
+os.environ.setdefault("SERVESIM_KERNEL_UNION", "1")
+
+from servesim.config import load_hardware, load_model  # noqa: E402
 from servesim.costmodel import Layout, build_replica
 from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
 from servesim.engine.run import run

@@ -16,6 +16,8 @@ borrow the arrays (`jit.HANDLER`). Its inputs come from one lowering (`lower.py`
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import njit
 
@@ -56,9 +58,16 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     # features the run does not use are None: numba prunes their branches, and compiles the loop
     # without them (one specialisation per feature set, each cached)
     # (the prefix cache only when some chain lists a block: without one it would stay empty)
-    cache = new_cache(cfg, pools, ctr) if cfg.prefix_caching and chains.ids.shape[0] > 0 else None
+    use_cache = bool(cfg.prefix_caching) and chains.ids.shape[0] > 0
     pd = bool(np.any(pools.role == C.DECODE))
-    flow = new_flow(n, pd) if pd or bool(np.any(chains.next_turn >= 0)) else None
+    use_flow = pd or bool(np.any(chains.next_turn >= 0))
+    union = (use_cache or use_flow) and os.environ.get("SERVESIM_KERNEL_UNION") == "1"
+    if union:
+        # a run with either gets both (the unused one stays empty: the same records, checked by
+        # tests/test_golden.py both ways); the test suite sets it, so three specialisations compile as one
+        use_cache = use_flow = True
+    cache = new_cache(cfg, pools, ctr, room=union) if use_cache else None
+    flow = new_flow(n, pd) if use_flow else None
     log = new_log(cfg.log_size)
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)

@@ -303,9 +303,10 @@ def new_replicas(cfg, pools):
                     np.full(R, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), entry, decode)
 
 
-def new_cache(cfg, pools, ctr):
-    """Room for every block a replica can hold on its GPU and CPU tier (none without prefix caching)."""
-    E = int(np.sum(pools.count * (pools.num_blocks + pools.cpu_blocks))) if cfg.prefix_caching else 0
+def new_cache(cfg, pools, ctr, room: bool = False):
+    """Room for every block a replica can hold on its GPU and CPU tier (none without prefix caching,
+    unless ``room``)."""
+    E = int(np.sum(pools.count * (pools.num_blocks + pools.cpu_blocks))) if cfg.prefix_caching or room else 0
     H = 1
     while H < 2 * E:
         H *= 2
