@@ -143,6 +143,9 @@ def _agree_spec(out, ref):
         assert out.stats[k] == ref["stats"][k], k
 
 
+# (speculative decoding compiles its own kernel specialisation: behind the slow marker, for the default
+# run's time; CI runs them)
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["eagle:k=3:acceptance=0.7", "ngram:k=4:acceptance=0.5",
                                   "mtp:k=2:acceptance=0.8:delta=0.9"])
 @pytest.mark.parametrize("policy", ["vllm", "sarathi", "orca", "vllm-v0"])
@@ -156,6 +159,7 @@ def test_kernel_equals_reference(policy, text, replica_cost, small_engine, small
     assert out.stats[ST.STAT_SPEC_STEPS] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preemption", list(C.PREEMPTION))
 def test_kernel_equals_reference_with_preemption_and_pp(preemption, replica_cost, small_engine, small_workload,
                                                          run_both):
