@@ -1,10 +1,13 @@
 """One timed simulation for side-by-side speed runs (farm-bench A/B against another checkout).
 
-    python experiments/bench_pair.py [--requests 1000000] [--no-fast-forward]
+    python experiments/bench_pair.py [--requests 1000000] [--no-fast-forward] [--prefix]
 
 The standard case of experiments/bench_speed.py (llama-3.1-8b on h100-sxm, 4 replicas, the chat
 workload at 80% of the deployment's simulated capacity), run once with a warm numba cache; prints
-simulated requests per second of the timed run (sampling + kernel + metrics).
+simulated requests per second of the timed run (sampling + kernel + metrics). ``--prefix``: the
+prefix-cache path instead (the golden `prefix` scenario's shape: 4 system prompts of 512 tokens x 10
+users, 2 replicas of 600 KV blocks, a 2 GiB CPU tier, prefix-aware routing, 9 req/s: evictions on
+every replica).
 """
 from __future__ import annotations
 
@@ -18,8 +21,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--no-fast-forward", action="store_true", help="the step-by-step loop (engine/span.py)")
+    ap.add_argument("--prefix", action="store_true", help="the prefix-cache path under KV pressure")
     args = ap.parse_args()
     ff = {"fast_forward": False} if args.no_fast_forward else {}
+    if args.prefix:
+        kw = dict(num_system_prompts=4, users_per_system_prompt=10, system_prompt_len=512, cpu_kv_gib=2.0,
+                  router="prefix-aware", replicas=2, num_gpu_blocks=600, rate=9.0, num_requests=args.requests, seed=0)
+        t0 = time.perf_counter()
+        res = servesim.simulate(**kw, **ff)
+        wall = time.perf_counter() - t0
+        pc = res.summary["prefix_cache"]
+        print(f"{args.requests / wall:,.0f} simulated requests/s ({wall:.2f} s; hit rate {pc['hit_rate']:.3f}, "
+              f"evictions {pc['evictions']})")
+        return
     cap = servesim.simulate(replicas=4, offline=True, num_requests=20000, seed=1).summary
     rate = 0.8 * cap["throughput"]["requests_per_s"]
     t0 = time.perf_counter()
