@@ -109,6 +109,7 @@ def test_compare_same_as_cli():
     assert r.break_even_output_tokens == pytest.approx(r.train_usd / r.serve_usd_per_m_output * 1e6)
 
 
+@pytest.mark.slow     # the training suite twice, ~12 CPU s
 def test_validate_same_as_cli(tmp_path):
     res = servesim.validate("training", output=tmp_path / "v")
     assert cli("validate", "--suite", "training", "--format", "json") == res.to_json() + "\n"
