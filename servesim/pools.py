@@ -155,7 +155,7 @@ def specs_of(cfg) -> list[PoolSpec]:
     """The pools of a (checked) SimConfig: its --pool specs, or the single-pool shorthand."""
     if cfg.pool:
         return [parse_pool(t) for t in cfg.pool]
-    return [PoolSpec(cfg.hardware, cfg.tp, cfg.pp, cfg.replicas)]
+    return [PoolSpec(cfg.hardware, cfg.tp, cfg.pp, cfg.replicas, ep=cfg.ep, attn_dp=cfg.attn_dp)]
 
 
 def check_block_size(cfg, engine) -> None:

@@ -154,6 +154,24 @@ def _verdict(s: dict) -> str:
     return "SATURATED" if v == "saturated" else v
 
 
+def _wide_ep(c: dict) -> str:
+    """' EP=8 attn-DP=8' for a run with expert parallelism or DP attention (their keys are in the config
+    only when given)."""
+    ep, dp = c.get("ep", 1), c.get("attn_dp", 1)
+    return (f" EP={ep}" if ep != 1 else "") + (f" attn-DP={dp}" if dp != 1 else "")
+
+
+def _speculative_line(sp: dict) -> str:
+    """The run's speculative decoding: the acceptance model, what the steps yielded, where the time went."""
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.0f}%"
+    acc = sp.get("mean_accepted_per_step")
+    got = "no verification step" if acc is None else f"{acc:.2f} drafts accepted per step"
+    return (f"speculative {sp['method']} k={sp['k']} A={sp['acceptance']:.3f}: {got} "
+            f"({sp['expected_tokens_per_step']:.2f} tokens per step expected), busy time drafting "
+            f"{pct(sp['draft_time_share'])}, in verifying steps {pct(sp['verify_time_share'])}")
+
+
 def summary_table(s: dict) -> str:
     c = s["config"]
     if s.get("pools"):      # a deployment of pools: list them
@@ -162,7 +180,7 @@ def summary_table(s: dict) -> str:
         head = f"servesim  {c['model']} on {c['num_gpus']} GPUs in {len(s['pools'])} pool(s): {where}, "
     else:
         head = (f"servesim  {c['model']} ({c['dtype']}) on {c['num_gpus']} x {c['hardware']}: {c['replicas']} "
-                f"replica(s) of TP={c['tp']} PP={c['pp']}, ")
+                f"replica(s) of TP={c['tp']} PP={c['pp']}" + _wide_ep(c) + ", ")
     lines = [
         head + f"engine {c['engine']}/{c['scheduler']}, {_workload(c)}",
         "load      " + _load(s, c) + f", seed {c['seed']}",
@@ -211,6 +229,8 @@ def summary_table(s: dict) -> str:
         lines.append(f"pool        {p['name']}: busy {100 * p['busy_fraction']:.0f}%, batch "
                      f"{p['mean_batch_size']:.1f} seqs, KV mean {100 * p['kv_utilisation']:.0f}% / max "
                      f"{100 * p['kv_max']:.0f}%, ${p['usd_per_hour']:.2f}/h")
+    if s.get("speculative"):
+        lines.append(_speculative_line(s["speculative"]))
     if s.get("kv_transfer_ms"):
         x = s["kv_transfer_ms"]
         lines.append(f"KV transfer p50 {_f(x.get('p50'))} ms, p99 {_f(x.get('p99'))} ms ({x.get('count')} transfers)")

@@ -71,3 +71,15 @@ def test_closed_loop_sweep_over_concurrency():
     assert pts["throughput_output_tokens_per_s_per_gpu"].iloc[1] > pts["throughput_output_tokens_per_s_per_gpu"].iloc[0]
     one_line_error("sweep", "--rates", "1,2", "--grid", "concurrency=2,4", "--num-requests", "10",
                    must_contain=("contradict",))
+
+
+def test_single_pool_shorthand_runs_ep_and_dp_attention():
+    # --tp 1 --attn-dp 8 --ep 8 is the pool h200-sxm:tp1:ep8:dp8:x1, request by request (DeepSeek-V3 fp8
+    # does not fit one H200 at TP 1 without EP: a shorthand that dropped --ep would be refused)
+    kw = dict(model="deepseek-v3", dtype="fp8", isl=256, osl=16, num_requests=24, rate=4, seed=2)
+    a = servesim.simulate(hardware="h200-sxm", tp=1, attn_dp=8, ep=8, **kw)
+    b = servesim.simulate(pool=("h200-sxm:tp1:ep8:dp8:x1",), **kw)
+    assert a.summary["config"]["num_gpus"] == 8 and a.summary["config"]["ep"] == 8
+    assert a.requests["finish_s"].equals(b.requests["finish_s"])
+    from servesim.render import summary_table
+    assert "EP=8 attn-DP=8" in summary_table(a.summary)
