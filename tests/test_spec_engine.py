@@ -40,6 +40,27 @@ def test_batch_one_tpot_is_step_time_over_expected_tokens():
 
 
 @pytest.mark.slow
+def test_time_shares_of_a_lone_request():
+    # a lone request's busy time is its 1000-token prefill and ~999 / E speculative steps, each the draft
+    # (draft_s) then the verification (verify_s): the shares follow from the cost model's step by hand
+    from servesim.api import replica_of, resolve
+    from servesim.costmodel.iteration import iteration_components_nb
+    from servesim.render import summary_table
+    text = "eagle:k=3:acceptance=0.7"
+    s = _run(speculative=text)
+    cfg, model, hw, _ = resolve(servesim.SimConfig(model="llama-3.1-8b"))
+    rc = replica_of(cfg, model, hw)
+    step = S.price_step(rc, S.parse_speculative(text), 1, 1500)
+    prefill = iteration_components_nb(rc.params, 1000.0, 1.0, 1.0, 1000 * 1001 / 2, 1000.0, 0.0, 0.0).latency
+    decode = 999 / step["expected_tokens"] * step["step_s"]
+    sp = s["speculative"]
+    assert sp["draft_time_share"] / sp["verify_time_share"] == pytest.approx(step["draft_s"] / step["verify_s"], rel=0.02)
+    assert sp["draft_time_share"] + sp["verify_time_share"] == pytest.approx(decode / (decode + prefill), abs=0.005)
+    assert "drafting" in summary_table(s) and "ngram" not in summary_table(s)
+    assert _run(speculative="ngram:k=3:acceptance=0.7")["speculative"]["draft_time_share"] == 0.0
+
+
+@pytest.mark.slow
 def test_no_acceptance_never_beats_plain_decoding():
     plain = _run()["tpot_ms"]["mean"]
     for text in ("eagle:k=3:acceptance=0.000001", "ngram:k=2:acceptance=0.000001"):
@@ -78,3 +99,19 @@ def test_static_scheduler_refuses_speculation():
     from clihelp import one_line_error
     one_line_error("simulate", "--scheduler", "static", "--speculative", "mtp:k=1", "--num-requests", "10",
                    must_contain=("--scheduler static",))
+
+
+@pytest.mark.parametrize("args,phrase", [
+    (["--speculative", "eagle:k=0:acceptance=0.5"], "k=0 must be >= 1"),
+    (["--speculative", "eagle:k=2:acceptance=0"], "acceptance=0 must be in (0, 1]"),
+    (["--speculative", "eagle:k=2:acceptance=1.01"], "acceptance=1.01 must be in (0, 1]"),
+    (["--speculative", "mtp:k=2:acceptance_length=1"], "acceptance_length=1 must be in (1, 3]"),
+    (["--speculative", "mtp:k=2:acceptance_length=3.2"], "acceptance_length=3.2 must be in (1, 3]"),
+    (["--speculative", "draft:k=2:acceptance=0.5:draft=llama-3.1-70b"], "not smaller than the target"),
+    (["--model", "deepseek-v3", "--dtype", "fp8", "--hardware", "h200-sxm", "--tp", "8", "--ep", "6"],
+     "--ep 6 does not divide the 256 experts"),
+])
+def test_simulate_bad_input_is_one_line(args, phrase):
+    # the bad inputs through `simulate`: one line naming the option, exit 2, no traceback
+    from clihelp import one_line_error
+    one_line_error("simulate", *args, "--num-requests", "4", must_contain=(phrase,))

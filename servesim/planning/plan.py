@@ -19,9 +19,11 @@ replica fewer (it must not meet the planner's criterion).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
 from ..engine.budget import check_points
@@ -207,7 +209,8 @@ def _candidate(layout, price, gpr, sim, bounds, n_sims) -> dict:
                   "headroom": sim["headroom"], "ttft_ms_p99": s["ttft_ms"]["p99"], "tpot_ms_p99": s["tpot_ms"]["p99"],
                   "e2e_ms_p99": s["e2e_ms"]["p99"],
                   "output_tokens_per_s_per_gpu": s["throughput"]["output_tokens_per_s_per_gpu"],
-                  "busy_fraction": busy, "metrics": _metrics(s)})
+                  "busy_fraction": busy, "mean_batch_size": s["utilization"]["mean_batch_size"],
+                  "metrics": _metrics(s)})
     return c
 
 
@@ -326,36 +329,59 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
         n_extra += extra
     _margins(best, slo_margin, spec)
     if best is not None and len(spec.speculatives) > 1:
-        best["speculation"] = speculation_note(best, candidates, rate)
+        gain = functools.partial(speculation_gain, base=base, prompt=prompt, output=output)
+        best["speculation"] = speculation_note(best, candidates, rate, gain)
     return PlanResult(best, candidates, why, n_sims + n_extra, space)
 
 
-def speculation_note(best: dict, candidates: list, rate: float) -> str:
+def speculation_gain(c: dict, base, prompt, output) -> tuple[float, float]:
+    """The cost model's speed-up per token of candidate ``c``'s speculative setting over plain decoding
+    on its layout: (at batch 1, at the candidate's simulated mean batch per replica), each a decode step
+    at the workload's mean context (mean prompt + half the mean output)."""
+    from ..api import replica_of, resolve
+    from ..costmodel.speculative import price_step
+    cfg, model, hw, _ = resolve(replace(base, **{k: c[k] for k in LAYOUT_KEYS}))
+    rc = replica_of(cfg, model, hw)
+    ctx = int(round(float(np.mean(prompt)) + float(np.mean(output)) / 2.0))
+    n = max(1, int(round(c.get("mean_batch_size") or 1.0)))
+    return price_step(rc, cfg.speculative, 1, ctx)["speedup"], price_step(rc, cfg.speculative, n, ctx)["speedup"]
+
+
+def speculation_note(best: dict, candidates: list, rate: float, gain=None) -> str:
     """Why the plan took speculative decoding or not: the cheapest candidate meeting the SLO with and
-    without it, and the TPOT each reached. Speculation pays while the GPU has idle capacity per step (a
-    small batch is bound by reading the weights, so verifying k + 1 tokens costs little more than one);
-    under load the batch fills the step, the verification's k + 1 tokens per sequence compete with
-    batching, and the drafts rejected are work the plain engine never does."""
-    def cheapest(with_spec):
-        ok = [c for c in candidates if c["status"] == "meets_slo" and (c.get("speculative") is not None) == with_spec]
+    without it, and the TPOT each reached; with ``gain`` (`speculation_gain`), the cost model's speed-up
+    per token of that speculative setting at batch 1 and at its simulated mean batch. Speculation pays
+    while the GPU has idle capacity per step (a small batch is bound by reading the weights, so
+    verifying k + 1 tokens costs little more than one); under load the batch fills the step, the
+    verification's k + 1 tokens per sequence compete with batching, and the drafts rejected are work
+    the plain engine never does."""
+    def cheapest(with_spec, statuses=("meets_slo",)):
+        ok = [c for c in candidates if c["status"] in statuses and (c.get("speculative") is not None) == with_spec
+              and c.get("usd_per_hour") is not None]
         return min(ok, key=lambda c: (c["usd_per_hour"], c["num_gpus"])) if ok else None
     on, off = cheapest(True), cheapest(False)
     if on is None and off is None:
         return ""
+    why = ""
+    shown = on or cheapest(True, ("misses_slo",))
+    if gain is not None and shown is not None and shown.get("mean_batch_size"):
+        one, at = gain(shown)
+        why = (f"; cost model, {shown['speculative']} per token against plain decoding: {one:.2f}x at batch 1, "
+               f"{at:.2f}x at this load's mean batch of {shown['mean_batch_size']:.0f} sequences per replica")
     if on is None:
-        return (f"at {rate:g} req/s no speculative setting met the SLO: verifying k + 1 tokens per sequence "
-                "competes with batching at this load")
+        return (f"speculation does not pay at {rate:g} req/s: no speculative setting met the SLO; verifying "
+                f"k + 1 tokens per sequence competes with batching at this load{why}")
     if off is None:
-        return f"at {rate:g} req/s only speculative decoding ({on['speculative']}) met the SLO"
+        return f"speculation pays at {rate:g} req/s: only speculative decoding ({on['speculative']}) met the SLO{why}"
     d = (f"{on['speculative']}: ${on['usd_per_hour']:.2f}/h, TPOT p99 {on['tpot_ms_p99']:.1f} ms; without: "
          f"${off['usd_per_hour']:.2f}/h, TPOT p99 {off['tpot_ms_p99']:.1f} ms")
     if on["usd_per_hour"] < off["usd_per_hour"]:
-        return f"speculation pays at {rate:g} req/s ({d}): it turns idle step capacity into tokens"
+        return f"speculation pays at {rate:g} req/s ({d}): it turns idle step capacity into tokens{why}"
     if on["usd_per_hour"] == off["usd_per_hour"] and on["tpot_ms_p99"] < off["tpot_ms_p99"]:
         return (f"speculation pays in latency at {rate:g} req/s, at the same cost ({d}): the steps have idle "
-                "capacity to verify drafts in")
+                f"capacity to verify drafts in{why}")
     return (f"speculation does not pay at {rate:g} req/s ({d}): the batches are full enough that verifying k + 1 "
-            "tokens per sequence competes with batching")
+            f"tokens per sequence competes with batching{why}")
 
 
 def _margins(best: dict | None, slo_margin: float, spec) -> None:
