@@ -140,7 +140,7 @@ _PARALLEL_OPTIONS = ("ep", "attn_dp", "expert_skew", "speculative")
 
 def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
     """The config block: every option as resolved (``given``: as the caller gave them)."""
-    from .pools import PoolSpec, parse_pool
+    from .pools import specs_of
     config = plain(cfg)
     for name in _PARALLEL_OPTIONS:
         if getattr(given, name) == getattr(SimConfig(), name):
@@ -152,7 +152,7 @@ def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
             if getattr(given, name) in (None, ()):
                 del config[name]
     else:   # the single-pool fields describe the deployment: its replicas, hardware, and TP/PP where one
-        specs = [parse_pool(t) for t in cfg.pool] if cfg.pool else [PoolSpec(cfg.hardware, cfg.tp, cfg.pp, cfg.replicas)]
+        specs = specs_of(cfg)
         config["pool"] = "+".join(s.text for s in specs)      # the form --grid pool= takes (one cell of a table)
         config["replicas"] = sum(s.replicas for s in specs)
         config["hardware"] = "+".join(dict.fromkeys(s.hardware for s in specs))
