@@ -19,7 +19,8 @@ LAYOUTS = [("TP 8", dict(tp=8)), ("TP 8, EP 8", dict(tp=8, ep=8)), ("DP attentio
            ("DP attention 8, EP 8, balanced", dict(tp=1, attn_dp=8, ep=8, expert_skew=0.0))]
 SPEC = [("llama-3.1-70b TP 4, h100-sxm", dict(model="llama-3.1-70b", tp=4),
          "draft:k=4:acceptance=0.8:draft=llama-3.1-8b"),
-        ("deepseek-v3 fp8 TP 8, h200-sxm", dict(DSV3, tp=8), "mtp:k=1")]
+        ("deepseek-v3 fp8 TP 8, h200-sxm", dict(DSV3, tp=8), "mtp:k=1"),
+        ("deepseek-v3 fp8 TP 8, h200-sxm", dict(DSV3, tp=8), "mtp:k=3:acceptance_length=2.4")]
 
 
 def main() -> int:

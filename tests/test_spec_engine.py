@@ -26,14 +26,18 @@ def _run(**kw):
     return servesim.simulate(**{**base, **kw}).summary
 
 
-@pytest.mark.slow
-def test_batch_one_tpot_is_step_time_over_expected_tokens():
-    text = "eagle:k=3:acceptance=0.7"
-    s = _run(speculative=text)
+def _lone(text="eagle:k=3:acceptance=0.7"):
+    """A lone request's run (_run) with ``text``, the lowered replica, and the cost model's speculative
+    step at its mean context (1000 -> 2000: 1500)."""
     from servesim.api import replica_of, resolve
     cfg, model, hw, _ = resolve(servesim.SimConfig(model="llama-3.1-8b"))
     rc = replica_of(cfg, model, hw)
-    step = S.price_step(rc, S.parse_speculative(text), 1, 1500)
+    return _run(speculative=text), rc, S.price_step(rc, S.parse_speculative(text), 1, 1500)
+
+
+@pytest.mark.slow
+def test_batch_one_tpot_is_step_time_over_expected_tokens():
+    s, _, step = _lone()
     assert s["speculative"]["mean_accepted_per_step"] + 1 == pytest.approx(step["expected_tokens"], rel=0.02)
     # every step of a lone request drafts and verifies; its context runs 1000 -> 2000 (mean 1500)
     assert s["tpot_ms"]["mean"] == pytest.approx(step["step_s"] / step["expected_tokens"] * 1e3, rel=0.01)
@@ -43,14 +47,9 @@ def test_batch_one_tpot_is_step_time_over_expected_tokens():
 def test_time_shares_of_a_lone_request():
     # a lone request's busy time is its 1000-token prefill and ~999 / E speculative steps, each the draft
     # (draft_s) then the verification (verify_s): the shares follow from the cost model's step by hand
-    from servesim.api import replica_of, resolve
     from servesim.costmodel.iteration import iteration_components_nb
     from servesim.render import summary_table
-    text = "eagle:k=3:acceptance=0.7"
-    s = _run(speculative=text)
-    cfg, model, hw, _ = resolve(servesim.SimConfig(model="llama-3.1-8b"))
-    rc = replica_of(cfg, model, hw)
-    step = S.price_step(rc, S.parse_speculative(text), 1, 1500)
+    s, rc, step = _lone()
     prefill = iteration_components_nb(rc.params, 1000.0, 1.0, 1.0, 1000 * 1001 / 2, 1000.0, 0.0, 0.0).latency
     decode = 999 / step["expected_tokens"] * step["step_s"]
     sp = s["speculative"]
