@@ -85,12 +85,13 @@ def test_single_pool_shorthand_runs_ep_and_dp_attention():
     assert "EP=8 attn-DP=8" in summary_table(a.summary)
 
 
+@pytest.mark.slow
 def test_plan_says_when_speculation_stops_paying():
     # a decode-heavy load: at 2 req/s a replica's steps are nearly empty and verifying 4 tokens per
     # sequence costs little more than one; at 40 req/s the batches fill the steps (~100 sequences)
     # and the verification competes with batching: the plan takes speculation at the low rate only
     import re
-    kw = dict(model="llama-3.1-8b", hardware="h100-sxm", tp=(1,), num_requests=2000, isl=200, osl=800,
+    kw = dict(model="llama-3.1-8b", hardware="h100-sxm", tp=(1,), num_requests=2000, isl=200, osl=800, workers=1,
               slo="ttft_p99=3s,tpot_p99=100ms", speculative_grid="none,eagle:k=3:acceptance=0.7")
     notes = {}
     for rate in (2, 40):

@@ -61,7 +61,9 @@ def test_readme_ep_spec_example_runs(args, tmp_path, monkeypatch):
         assert s["config"]["num_gpus"] == 8 and s["config"].get("ep") == int(args[args.index("--ep") + 1])
     elif cmd == "plan":
         out = json.loads(res.output)
-        assert out["best"] is not None and out["best"]["num_gpus"] >= 8
+        best = out["best"]
+        assert best is not None and best["num_gpus"] >= 8
+        assert best["max_sustainable_rate"] > best["rate"]      # the capacity of the chosen layout, EP included
         if "--speculative-grid" in args:
             assert out["best"]["speculation"].startswith("speculation ")
     else:

@@ -396,7 +396,7 @@ def _capacity(best, base) -> int:
     """Add the simulated maximum sustainable rate of the chosen deployment, its capacity_headroom and
     the $/hour split into capacity the load uses and headroom held for the SLO (`capacity`)."""
     from .capacity import capacity, cost_split
-    lay = {k: best[k] for k in ("hardware", "dtype", "tp", "pp", "max_num_seqs", "max_num_batched_tokens")}
+    lay = {k: best[k] for k in LAYOUT_KEYS}
     cap = capacity(replace(base, price=best["usd_per_gpu_hour"], replicas=best["replicas"], **lay), base.rate)
     best.update({"max_sustainable_rate": cap["max_sustainable_rate"], "capacity_headroom": cap["capacity_headroom"],
                  "cost_split": cost_split(best["usd_per_hour"], cap["capacity_headroom"])})
