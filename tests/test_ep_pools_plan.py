@@ -103,3 +103,17 @@ def test_plan_says_when_speculation_stops_paying():
             assert res.best["speculative"] == "eagle:k=3:acceptance=0.7"
     assert notes[2].startswith("speculation pays") and "competes with batching" not in notes[2]
     assert notes[40].startswith("speculation does not pay") and "competes with batching" in notes[40]
+
+
+def test_capacity_runs_hold_twice_the_batch_slots():
+    # a DP-attention 8 replica batches 8 x 256 sequences: 2,000 requests would all run at once and an
+    # overload never queue; the capacity search runs 2 x 2,048 of them. One H100 replica (256 slots)
+    # keeps its 2,000, and a duration fixes the count
+    from servesim.planning.capacity import long_enough
+    wide = servesim.SimConfig(model="deepseek-v3", hardware="b200", dtype="fp4", tp=1, attn_dp=8, ep=8)
+    assert long_enough(wide).num_requests == 2 * 8 * 256
+    assert long_enough(servesim.SimConfig(replicas=2, max_num_seqs=600)).num_requests == 2 * 2 * 600
+    plain = servesim.SimConfig()
+    assert long_enough(plain) is plain
+    timed = servesim.SimConfig(replicas=16, duration=60.0)
+    assert long_enough(timed) is timed

@@ -145,11 +145,13 @@ def test_plan_best_is_honest(small_plan):
     # cheapest among those meeting the SLO
     meeting = [c for c in res.candidates if c["status"] == "meets_slo"]
     assert b["usd_per_hour"] == min(c["usd_per_hour"] for c in meeting)
-    # capacity: the deployment sustains its simulated maximum rate, and saturates 25% above it
+    # capacity: the deployment sustains its simulated maximum rate, and saturates 25% above it (in runs
+    # of the capacity search's length: at least twice the batch slots, `long_enough`)
+    from servesim.planning.capacity import long_enough
     top = b["max_sustainable_rate"]
     assert top > PLAN_BASE.rate and 0 < b["capacity_headroom"] < 1
-    assert not simulate(replace(cfg, rate=top)).summary["saturated"]
-    assert simulate(replace(cfg, rate=1.25 * top)).summary["saturated"]
+    assert not simulate(replace(long_enough(cfg), rate=top)).summary["saturated"]
+    assert simulate(replace(long_enough(cfg), rate=1.25 * top)).summary["saturated"]
     split = b["cost_split"]
     assert split["used_usd_per_hour"] + split["headroom_usd_per_hour"] == pytest.approx(b["usd_per_hour"])
     assert split["headroom_usd_per_hour"] / b["usd_per_hour"] == pytest.approx(1 - PLAN_BASE.rate / top)

@@ -18,13 +18,31 @@ from dataclasses import replace
 from .maxrate import find_max_rate
 
 TOL = 0.05
+REQUESTS_PER_SLOT = 2     # the search's runs hold at least this many requests per batch slot
+
+
+def long_enough(cfg):
+    """``cfg`` with at least REQUESTS_PER_SLOT x the deployment's batch slots (replicas x DP attention
+    ranks x --max-num-seqs) requests: a run whose requests all fit in the running batches never
+    queues, so an overload would never look saturated (a wide-EP replica has 8 x 256 slots, more than
+    the default 2,000 requests). Unchanged where a duration or a trace fixes the count."""
+    from ..api import resolve
+    from ..pools import specs_of
+    from ..workload.spec import DEFAULT_NUM_REQUESTS
+    if cfg.duration is not None or cfg.trace_mode != "lengths" or (cfg.num_requests is None and cfg.arrival == "daily"):
+        return cfg
+    filled = resolve(cfg)[0]
+    slots = sum(s.replicas * s.attn_dp for s in specs_of(filled)) * filled.max_num_seqs
+    n = filled.num_requests if filled.num_requests is not None else DEFAULT_NUM_REQUESTS
+    return cfg if n >= REQUESTS_PER_SLOT * slots else replace(cfg, num_requests=REQUESTS_PER_SLOT * slots)
 
 
 def capacity(cfg, offered_rate: float, tol: float = TOL) -> dict:
     """{'offered_rate', 'max_sustainable_rate', 'first_saturated_rate', 'capacity_headroom',
-    'simulations', 'limited_by'} of the deployment `cfg` (a SimConfig) at `offered_rate` req/s.
-    `max_sustainable_rate` is None (and the headroom too) when no rate is sustainable."""
-    row = find_max_rate(replace(cfg, slo=None), tol=tol, start=offered_rate)
+    'simulations', 'limited_by'} of the deployment `cfg` (a SimConfig) at `offered_rate` req/s
+    (runs of at least `long_enough` requests). `max_sustainable_rate` is None (and the headroom too)
+    when no rate is sustainable."""
+    row = find_max_rate(replace(long_enough(cfg), slo=None), tol=tol, start=offered_rate)
     top = row["max_rate"]
     return {"offered_rate": offered_rate, "max_sustainable_rate": top,
             "first_saturated_rate": row["first_failing_rate"],
