@@ -64,6 +64,14 @@ def test_plan_speculative_grid_checks():
                    "none,mtp:k=1", "--speculative", "mtp:k=1", must_contain=("contradict",))
 
 
+def test_closed_loop_points_hold_twice_the_clients():
+    from servesim.planning.grid import expand
+    pts = expand(servesim.SimConfig(), [("concurrency", [4, 1000, 4096])], None)
+    assert [p.num_requests for p in pts] == [None, None, 8192]       # None: the default 2,000
+    given = expand(servesim.SimConfig(num_requests=300), [("concurrency", [4096])], None)
+    assert given[0].num_requests == 300
+
+
 def test_closed_loop_sweep_over_concurrency():
     res = servesim.sweep(None, grid={"concurrency": [2, 8]}, num_requests=40, isl=128, osl=16, workers=1)
     pts = res.points

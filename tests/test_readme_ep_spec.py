@@ -62,7 +62,7 @@ def test_readme_ep_spec_example_runs(args, tmp_path, monkeypatch):
     elif cmd == "plan":
         out = json.loads(res.output)
         best = out["best"]
-        assert best is not None and best["num_gpus"] >= 8
+        assert best is not None and best["num_gpus"] >= (8 if "deepseek-v3" in args else 1)
         assert best["max_sustainable_rate"] > best["rate"]      # the capacity of the chosen layout, EP included
         if "--speculative-grid" in args:
             assert out["best"]["speculation"].startswith("speculation ")
@@ -70,3 +70,4 @@ def test_readme_ep_spec_example_runs(args, tmp_path, monkeypatch):
         rows = json.loads(res.output)["points"] if "points" in json.loads(res.output) else json.loads(res.output)
         assert "concurrency" in line
         assert all(r["throughput_output_tokens_per_s_per_gpu"] > 0 for r in rows if r["status"] == "ok")
+        assert all(r["num_requests"] >= 2 * r["concurrency"] for r in rows if r["concurrency"] > 1000)

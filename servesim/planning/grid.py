@@ -115,6 +115,18 @@ def parse_grid(items) -> list[tuple[str, list]]:
     return out
 
 
+def closed_loop_requests(cfg):
+    """A closed loop of C clients with no --num-requests (or --duration) runs max(DEFAULT_NUM_REQUESTS,
+    2 C) requests: with fewer requests than clients every request is sent at once and the point is a
+    burst, not the loop's steady state (a concurrency sweep runs C up to 4,096)."""
+    from ..workload.spec import DEFAULT_NUM_REQUESTS
+    c = cfg.concurrency
+    if c is None or cfg.num_requests is not None or cfg.duration is not None or cfg.stages \
+            or cfg.trace_mode != "lengths" or 2 * c <= DEFAULT_NUM_REQUESTS:
+        return cfg
+    return replace(cfg, num_requests=2 * int(c))
+
+
 def expand(base, grid: list[tuple[str, list]], rates: list[float] | None) -> list:
     """Cartesian product, grid keys in the order given, rate innermost -> list of SimConfig."""
     keys = [k for k, _ in grid]
@@ -122,7 +134,7 @@ def expand(base, grid: list[tuple[str, list]], rates: list[float] | None) -> lis
     check_points(n, "the grid" + ("" if rates is None else " x --rates"), "use fewer grid values or rates")
     points = []
     for combo in itertools.product(*(v for _, v in grid)):
-        cfg = replace(base, **dict(zip(keys, combo)))
+        cfg = closed_loop_requests(replace(base, **dict(zip(keys, combo))))
         if rates is None:
             points.append(cfg)
         else:
