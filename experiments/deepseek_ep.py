@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 import servesim  # noqa: E402
 
 OUT = REPO / "experiments" / "results" / "deepseek_ep.md"
+FIG = OUT.with_suffix(".png")
 ISL = OSL = 1024
 BASE = dict(model="deepseek-v3", isl=ISL, osl=OSL, seed=0)
 LAYOUTS = [
@@ -54,6 +55,23 @@ def where(kw: dict, batch: float) -> dict:
             "alltoall": moe["alltoall_ms"] / total, "rest": rest / total}
 
 
+def figure(curves: dict) -> None:
+    """Output tokens/s per GPU against tokens/s per user, one line per layout (C rising to the left)."""
+    from servesim.figures import pyplot, save
+    plt, _ = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for name, pts in curves.items():
+        x, y = zip(*pts)
+        ax.plot(x, y, marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens/s per user (1000 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_title(f"DeepSeek-V3, closed loop, {ISL}-token prompts and outputs (servesim)")
+    ax.legend(fontsize=7)
+    save(fig, FIG)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -65,6 +83,7 @@ def main(argv=None) -> int:
              f"{ISL}-token prompts and outputs, vLLM profile, expert routing AIConfigurator's power law 1.01.", "",
              "| layout | GPUs | C | tok/s/user | output tok/s/GPU | TPOT ms | TTFT p50 ms | mean batch | step ms "
              "| attention | experts | all-to-all | rest |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    curves = {}
     for name, kw in LAYOUTS:
         for c in conc:
             s = servesim.simulate(**BASE, **kw, concurrency=c, num_requests=max(64, 2 * c)).summary
@@ -79,8 +98,10 @@ def main(argv=None) -> int:
                          f"{s['throughput']['output_tokens_per_s'] / gpus:.0f} | {tpot:.1f} | "
                          f"{s['ttft_ms']['p50']:.0f} | {batch:.0f} | {w['step_ms']:.1f} | {100 * w['attention']:.0f}% | "
                          f"{100 * w['experts']:.0f}% | {100 * w['alltoall']:.0f}% | {100 * w['rest']:.0f}% |")
+            curves.setdefault(name, []).append((1000.0 / tpot, s["throughput"]["output_tokens_per_s"] / gpus))
             print(lines[-1], flush=True)
-    lines += ["", f"{time.time() - t0:.0f} s on this machine."]
+    figure(curves)
+    lines += ["", f"{time.time() - t0:.0f} s on this machine; the curves: `deepseek_ep.png`."]
     text = "\n".join(lines) + "\n"
     OUT.write_text(text)
     print(text)
