@@ -145,6 +145,8 @@ def _plain_config(cfg: SimConfig, given: SimConfig, pools: bool) -> dict:
     for name in _PARALLEL_OPTIONS:
         if getattr(given, name) == getattr(SimConfig(), name):
             del config[name]
+    if given.stream is None:                    # automatic and not streamed: the JSON stays as it was
+        del config["stream"]
     if config.get("question_per") is None:      # no shared prefix: the JSON of such runs stays as it was
         del config["question_per"]
     if not pools:
@@ -266,7 +268,8 @@ def _model_error(cfg, model, hw, rc, engine_profile, summary) -> dict | None:
     return me.model_error(summary, family=me.family_of(model), tables=tables, engine_bound=engine_bound)
 
 
-def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, **options) -> Result:
+def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_profile=None, records=None,
+             **options) -> Result:
     """Run one serving simulation, request by request, as ``servesim simulate``.
 
     Parameters
@@ -282,6 +285,9 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         (a tuple of pool specs, ``("h100-sxm:tp1:x2:prefill", "h100-sxm:tp1:x2:decode")``),
         ``prefix_caching``, ``cpu_kv_gib``, ``kv_link``, ``layerwise_transfer``, ...
         An unknown keyword is a ConfigError naming the closest field.
+    records : path, optional
+        A streamed run (``stream``) writes its per-request records to this CSV file as they end;
+        without it they are dropped (its ``requests`` is None).
 
     Returns
     -------
@@ -319,6 +325,8 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     dep = lower_deployment(cfg, model, specs, engine_options(cfg, window), hw=hw, engine_profile=engine_profile)
     for lp in dep.pools:
         check_block_size(cfg, lp.cost.engine)
+    if _streams(cfg, workload):     # bounded memory: in chunks, summarised as it runs
+        return _simulate_stream(cfg, given, model, hw, workload, dep, rate, engine_profile, records)
     # refuse, before any work, a run the machine cannot hold
     check_run_memory(replace(cfg, replicas=sum(s.replicas for s in specs), pp=max(s.pp for s in specs)), workload)
     reqs = build_requests(workload, cfg.num_requests, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv,
@@ -358,6 +366,78 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
                           "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
     return Result(config, summary, df, iters, out.gap_hist)
+
+
+def _streams(cfg: SimConfig, workload) -> bool:
+    """Whether a run streams: ``--stream`` (refused, one line, for a run that cannot), never with
+    ``--no-stream``, else when it can and its records would not fit (`budget.stream_budget`)."""
+    from .engine.budget import expected_requests, run_bytes, stream_budget
+    from .workload.stream import stream_refusal
+    if cfg.stream is False:
+        return False
+    why = stream_refusal(cfg, workload)
+    if cfg.stream:
+        if why:
+            raise ConfigError(f"--stream: a streamed run is open-loop, synthetic and single-pool; not with {why}; "
+                              "drop --stream or those options")
+        return True
+    need = run_bytes(expected_requests(cfg, workload), cfg.replicas, cfg.max_num_seqs, cfg.pp)
+    return why is None and need > stream_budget()
+
+
+def _simulate_stream(cfg: SimConfig, given: SimConfig, model, hw, workload, dep, rate, engine_profile,
+                     records) -> Result:
+    """`simulate` in bounded memory: requests drawn chunk by chunk (`workload.stream`, the same as in one
+    piece), the kernel run over a window of them (`engine.stream`), each block of ended requests
+    summarised (`metrics_stream`) and written to ``records`` (else dropped)."""
+    from types import SimpleNamespace
+
+    from .engine.lower import router_chunks
+    from .engine.stream import CHUNK, run_stream
+    from .metrics_stream import StreamStats
+    from .workload.spec import DEFAULT_NUM_REQUESTS
+    from .workload.stream import arrival_marks, request_chunks
+    n = int(cfg.num_requests) if cfg.num_requests is not None else DEFAULT_NUM_REQUESTS
+    i0, t_mid, t1 = arrival_marks(n, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv, warmup=cfg.warmup,
+                                  chunk=CHUNK)
+    t0 = cfg.warmup if cfg.warmup > 0 else 0.0
+    if not t1 > t0 or i0 >= n:
+        raise ConfigError(f"--stream: the measured arrivals span no time (last arrival {t1:g} s, --warmup "
+                          f"{cfg.warmup:g} s); use more --num-requests or a shorter --warmup")
+    ecfg = dep.cfg
+    # the replicas' state is not streamed: refuse a deployment the machine cannot hold (a window's requests)
+    check_run_memory(replace(cfg, num_requests=min(n, 2 * CHUNK), replicas=ecfg.replicas, pp=ecfg.pp), workload)
+    stats = StreamStats(n, i0, t0, t_mid, t1, ecfg.frontend, cfg.slo or Slo())
+
+    def chunks():
+        gen = request_chunks(workload, n, cfg.seed, rate=rate, process=cfg.arrival, cv=cfg.cv, isl=cfg.isl,
+                             osl=cfg.osl, max_len=model.max_context, chunk=CHUNK)
+        for (arrival, prompt, output), (u1, u2) in zip(gen, router_chunks(n, cfg.seed, CHUNK)):
+            _check_capacity(cfg, dep, SimpleNamespace(prompt=prompt, output=output))
+            yield np.ascontiguousarray(arrival, dtype=np.float64) + ecfg.frontend, prompt, output, u1, u2
+
+    from .outputs.results import RecordsWriter
+    with RecordsWriter(records, ecfg.frontend) as writer:
+        def sink(rec, base):
+            stats.add(rec, base)
+            writer.write(rec, base)
+        end = run_stream(tuple(lp.cost.params for lp in dep.pools), ecfg, dep.table, chunks(), sink)
+    summary_args, config_extra = _single_summary(cfg, dep, hw)
+    stopped = (f"the backlog reached {end.peak_window:,} requests in the system (a streamed run stops there); "
+               f"{n - end.loaded:,} requests never sent") if end.backlog else None
+    summary = stats.summary(end, warmup=cfg.warmup, stopped=stopped, **summary_args)
+    summary["stream"]["records"] = None if records is None else str(records)
+    config = _plain_config(cfg, given, False)
+    config.update(config_extra)
+    config.update({"stream": True, "rate": rate, "duration": cfg.duration, "num_requests": n,
+                   "arrival": cfg.arrival, "trace": None})
+    summary["model_error"] = _model_error(cfg, model, hw, dep.pools[0].cost, engine_profile, summary)
+    summary = _clean({"config": config, **summary})
+    from . import progress
+    progress.tick()
+    iters = pd.DataFrame({"time_s": end.log[0], "replica": end.log[1], "batch_size": end.log[2],
+                          "tokens": end.log[3], "kv_blocks": end.log[4], "waiting": end.log[5]})
+    return Result(config, summary, None, iters, end.gap_hist)
 
 
 def speculative_summary(spec, stats) -> dict:

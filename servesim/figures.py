@@ -30,15 +30,16 @@ def simulation_figures(res, outdir: Path) -> list[Path]:
     import numpy as np
     plt, sns = pyplot()
     out = []
-    df = res.requests[res.requests.status == "done"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, col, label in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "end-to-end")):
-        x = np.sort(df[col].dropna().to_numpy() * 1e3)
-        if x.size:
-            ax.plot(x, np.arange(1, x.size + 1) / x.size)
-        ax.set_xlabel(f"{label} (ms)")
-        ax.set_ylabel("CDF")
-    out.append(save(fig, outdir / "latency_cdf.png"))
+    if res.requests is not None:    # (a streamed run keeps no request table: no CDF)
+        df = res.requests[res.requests.status == "done"]
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        for ax, col, label in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "end-to-end")):
+            x = np.sort(df[col].dropna().to_numpy() * 1e3)
+            if x.size:
+                ax.plot(x, np.arange(1, x.size + 1) / x.size)
+            ax.set_xlabel(f"{label} (ms)")
+            ax.set_ylabel("CDF")
+        out.append(save(fig, outdir / "latency_cdf.png"))
     it = res.iterations
     fig, axes = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
     if len(it):

@@ -156,3 +156,26 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, b: int) -> tuple[float | None, fl
     se, df = _se(num - r * den, num_batches(n, b))
     half = _t(df) * se / float(den.mean())
     return float(r - half), float(r + half)
+
+
+def totals_ratio_se(num: np.ndarray, den: np.ndarray) -> tuple[float | None, float, int]:
+    """(sum(num) / sum(den), its standard error, batches) from per-batch totals (a streamed run keeps
+    totals, not the series): the delta method of `ratio_ci` with each batch one observation, over the
+    batches with den > 0 (None with fewer than K_MIN)."""
+    keep = den > 0
+    k = int(keep.sum())
+    if k < K_MIN or den.sum() <= 0:
+        return None, 0.0, k
+    r = float(num.sum() / den.sum())
+    d = num[keep] - r * den[keep]
+    return r, math.sqrt(float(np.var(d, ddof=1)) / k) / float(den[keep].mean()), k
+
+
+def totals_ratio_ci(num: np.ndarray, den: np.ndarray) -> tuple[float | None, float | None]:
+    """Interval for sum(num) / sum(den) from per-batch totals (`totals_ratio_se`), Student-t on k - 1
+    degrees of freedom (separate batches: Law & Kelton sec. 9.5.3)."""
+    r, se, k = totals_ratio_se(num, den)
+    if r is None:
+        return None, None
+    half = _t(k - 1) * se
+    return float(r - half), float(r + half)

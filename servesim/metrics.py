@@ -141,30 +141,12 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     thr |= {"window_s": [t0, t1], "whole_run": _whole_run(df, fin)}
     drain = _drain(df, fin, t1) if open_loop else None
     usd_h = usd_per_gpu_hour * n_gpus if usd_per_hour is None else usd_per_hour
-    def per_million(tok_s):
-        return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
-    cost = {"usd_per_hour": usd_h, "usd_per_gpu_hour": usd_per_gpu_hour,
-            "usd_per_million_input_tokens": per_million(thr["input_tokens_per_s"]),
-            "usd_per_million_output_tokens": per_million(thr["output_tokens_per_s"]),
-            "usd_per_million_total_tokens": per_million(thr["total_tokens_per_s"])}
+    cost = cost_block(thr, usd_h, usd_per_gpu_hour)
     itl_mean = _itl_mean(done)
     s = out.stats
-    span = max(end, 1e-12)
-    util = {
-        "mean_batch_size": s[K.STAT_SEQS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
-        "mean_tokens_per_iteration": s[K.STAT_TOKENS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
-        "busy_fraction": s[K.STAT_INFLIGHT_TIME] / (span * replicas),
-        "first_stage_busy_fraction": s[K.STAT_BUSY] / (span * replicas),
-        "later_stage_busy_fraction": s[K.STAT_STAGE_BUSY] / (span * replicas) if s[K.STAT_STAGE_BUSY] > 0 else None,
-        "kv_cache_mean": s[K.STAT_KV_TIME] / (span * replicas * num_blocks),
-        "kv_cache_max": s[K.STAT_KV_MAX] / num_blocks,
-        "mfu": s[K.STAT_FLOPS] / (span * n_gpus * peak_flops),
-        "mbu": s[K.STAT_BYTES] / (span * n_gpus * hbm_bw),
-    }
-    busy_total = s[K.STAT_GEMM] + s[K.STAT_ATTN] + s[K.STAT_ELEM] + s[K.STAT_COMM] + s[K.STAT_OVERHEAD]
-    time_share = {k: (s[i] / busy_total if busy_total > 0 else 0.0) for k, i in
-                  (("gemm", K.STAT_GEMM), ("attention", K.STAT_ATTN), ("elementwise", K.STAT_ELEM),
-                   ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
+    util = utilization(s, replicas=replicas, num_blocks=num_blocks, n_gpus=n_gpus, peak_flops=peak_flops,
+                       hbm_bw=hbm_bw)
+    time_share = time_shares(s)
     arrivals_in = np.sort(measured.arrival_s.to_numpy())
     timeline = _timeline(df, done)
     unfinished = int((df.status.isin(["waiting", "running", "swapped", "not_arrived", "transfer"])).sum())
@@ -218,6 +200,41 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
         "goodput_requests_per_s": goodput,
     } | ({} if stage_list is None else {"stages": stage_list}) | ({} if drain is None else {"drain": drain}) \
         | ({} if sessions is None else {"sessions": sessions})
+
+
+def cost_block(thr: dict, usd_h: float, usd_per_gpu_hour: float) -> dict:
+    """The summary's `cost`: $/h and $ per million tokens at the window's rates."""
+    def per_million(tok_s):
+        return usd_h / (tok_s * 3600.0) * 1e6 if tok_s > 0 else None
+    return {"usd_per_hour": usd_h, "usd_per_gpu_hour": usd_per_gpu_hour,
+            "usd_per_million_input_tokens": per_million(thr["input_tokens_per_s"]),
+            "usd_per_million_output_tokens": per_million(thr["output_tokens_per_s"]),
+            "usd_per_million_total_tokens": per_million(thr["total_tokens_per_s"])}
+
+
+def utilization(s: np.ndarray, *, replicas: int, num_blocks: float, n_gpus: int, peak_flops: float,
+                hbm_bw: float) -> dict:
+    """The summary's `utilization`, from the run's totals (EngineOutput.stats)."""
+    span = max(float(s[K.STAT_END_TIME]), 1e-12)
+    return {
+        "mean_batch_size": s[K.STAT_SEQS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
+        "mean_tokens_per_iteration": s[K.STAT_TOKENS_TIME] / s[K.STAT_BUSY] if s[K.STAT_BUSY] > 0 else 0.0,
+        "busy_fraction": s[K.STAT_INFLIGHT_TIME] / (span * replicas),
+        "first_stage_busy_fraction": s[K.STAT_BUSY] / (span * replicas),
+        "later_stage_busy_fraction": s[K.STAT_STAGE_BUSY] / (span * replicas) if s[K.STAT_STAGE_BUSY] > 0 else None,
+        "kv_cache_mean": s[K.STAT_KV_TIME] / (span * replicas * num_blocks),
+        "kv_cache_max": s[K.STAT_KV_MAX] / num_blocks,
+        "mfu": s[K.STAT_FLOPS] / (span * n_gpus * peak_flops),
+        "mbu": s[K.STAT_BYTES] / (span * n_gpus * hbm_bw),
+    }
+
+
+def time_shares(s: np.ndarray) -> dict:
+    """The summary's `time_share`: each component's share of the busy time."""
+    busy_total = s[K.STAT_GEMM] + s[K.STAT_ATTN] + s[K.STAT_ELEM] + s[K.STAT_COMM] + s[K.STAT_OVERHEAD]
+    return {k: (s[i] / busy_total if busy_total > 0 else 0.0) for k, i in
+            (("gemm", K.STAT_GEMM), ("attention", K.STAT_ATTN), ("elementwise", K.STAT_ELEM),
+             ("communication", K.STAT_COMM), ("overhead", K.STAT_OVERHEAD))}
 
 
 def _ms_stats(x_s) -> dict:
@@ -444,6 +461,15 @@ def _queue_growth(tl: _Timeline, arrivals_in: np.ndarray, open_loop: bool) -> tu
     slope = 0.0
     if open_loop and len(late) >= MIN_WINDOW_ARRIVALS and np.ptp(late.arrival_s.to_numpy()) > 0:
         slope = float(np.polyfit(late.arrival_s.to_numpy(), late.queue_s.to_numpy(), 1)[0])
+    return growth_verdict(arr_w, queued_w, adm_w, dep_w, in_system_end, waiting_end, arrived, slope, open_loop)
+
+
+def growth_verdict(arr_w: int, queued_w: int, adm_w: int, dep_w: int, in_system_end: int, waiting_end: int,
+                   arrived: int, slope: float, open_loop: bool) -> tuple[dict, str, str]:
+    """(evidence, verdict, reason) from the judged window's counts (`_queue_growth`; a streamed run's
+    from its running counts, `metrics_stream`): arrivals, of them queued (not rejected), admissions and
+    completions in the window; in the system and waiting at its last arrival, arrivals up to then; the
+    queueing delay's slope against arrival time (0 when not fitted)."""
     evidence = {"window_arrivals": arr_w, "window_admissions": adm_w, "window_completions": dep_w,
                 "in_system_at_last_arrival": int(in_system_end), "waiting_at_last_arrival": int(waiting_end),
                 "fraction_of_arrivals": in_system_end / arrived if arrived else 0.0,
@@ -516,14 +542,16 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
     return out
 
 
-def meets_slo(slo, done: pd.DataFrame) -> np.ndarray:
+SLO_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "itl": "max_gap_s"}
+
+
+def meets_slo(slo, done) -> np.ndarray:
     """Per request: each of its own latencies meets every target (a NaN, e.g. the TPOT of a 1-token
-    reply, fails none)."""
-    ok = np.ones(len(done), dtype=bool)
+    reply, fails none). ``done``: a frame, or a dict of column arrays."""
+    ok = np.ones(len(done[SLO_COLUMN["ttft"]]) if isinstance(done, dict) else len(done), dtype=bool)
     for key, target in slo.items():
-        metric = key.split("_")[0]
-        col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "itl": "max_gap_s"}[metric]
-        ok &= ~(done[col].to_numpy() > target)
+        col = SLO_COLUMN[key.split("_")[0]]
+        ok &= ~(np.asarray(done[col]) > target)
     return ok
 
 
@@ -531,13 +559,19 @@ def evaluate_slo(slo, metrics: dict, done: pd.DataFrame, window: float):
     """Aggregate targets (e.g. ttft_p99 <= 500 ms) and per-request attainment / goodput:
     a request counts toward goodput when each of its own latencies meets every target
     (DistServe, Zhong et al. OSDI 2024, sec. 2)."""
+    report = slo_report(slo, metrics)
+    ok = meets_slo(slo, done)
+    attainment = float(ok.mean()) if len(done) and slo else None
+    goodput = float(ok.sum() / window) if slo else None
+    return report, attainment, goodput
+
+
+def slo_report(slo, metrics: dict) -> dict:
+    """Each aggregate target (e.g. ttft_p99 <= 500 ms): its value in the summary's metrics and whether met."""
     report = {}
     for key, target in slo.items():
         metric, stat = key.split("_")
         value = metrics[f"{metric}_ms"].get(stat)
         report[key] = {"target_ms": target * 1e3, "value_ms": value,
                        "met": value is not None and value <= target * 1e3}
-    ok = meets_slo(slo, done)
-    attainment = float(ok.mean()) if len(done) and slo else None
-    goodput = float(ok.sum() / window) if slo else None
-    return report, attainment, goodput
+    return report

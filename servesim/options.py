@@ -211,6 +211,12 @@ class SimConfig:
                                        help="Stop the clock after this long (e.g. 600s); with --arrival daily and no "
                                             "--num-requests: the window of the day sent (24h: a whole day).")
     warmup: float = opt(0.0, "duration", ge=0.0, help="Exclude requests arriving before this.")
+    stream: bool | None = opt(None, "bool", grid=False,
+                              help="Run in bounded memory: requests drawn and simulated in chunks, per-request "
+                                   "records written as they end (to -o, else dropped), percentiles from "
+                                   "log-binned histograms (within 0.5%) [default: automatic, when the run's "
+                                   "records would need more than 2 GB or half the available memory] "
+                                   "(--stream/--no-stream).")
     slo: object = opt(None, "slo", grid=False, help="Latency targets, e.g. ttft_p99=500ms,tpot_p99=50ms.")
     seed: int = opt(0, "int", ge=0, help="Seed of every random draw.")
     price: float | None = opt(None, "float", ge=0.0, help="Override $ per GPU-hour.")

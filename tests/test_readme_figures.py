@@ -279,6 +279,7 @@ def _vals(x):
 
 
 SIM = "`servesim simulate` options"
+STREAM = "Long runs in bounded memory (`--stream`)"
 BUSY = "Busy and capacity headroom"
 MODERR = "Model-error intervals"
 CI = "Confidence intervals"
@@ -450,6 +451,20 @@ FIGURES = [
     Fig(SIM, r"fall more than #% behind arrivals", lambda: 100 * code("servesim.metrics", "MAX_ADMISSION_LAG"), EXACT),
     Fig(SIM, r"grows by more than # s per second", lambda: code("servesim.metrics", "MAX_QUEUE_SLOPE"), EXACT),
     Fig(SIM, r"fewer than # arrivals", lambda: code("servesim.metrics", "MIN_WINDOW_ARRIVALS"), EXACT),
+    # streamed runs: the constants of the code
+    Fig(STREAM, r"\(`servesim/engine/budget.py`, ~# B per request\)",
+        lambda: code("servesim.engine.budget", "BYTES_PER_REQUEST"), EXACT),
+    Fig(STREAM, r"is above # GB or half the available memory",
+        lambda: code("servesim.engine.budget", "STREAM_ABOVE_BYTES") / 1e9, EXACT),
+    Fig(STREAM, r"chunk by chunk \(# at a time\)", lambda: code("servesim.engine.stream", "CHUNK"), EXACT),
+    Fig(STREAM, r"bins #% wide: each percentile within \*\*#%\*\*",
+        lambda: (100 * code("servesim.loghist", "REL_WIDTH"), 100 * code("servesim.loghist", "REL_ERROR")),
+        (EXACT, 0.01)),
+    Fig(STREAM, r"batch means over # separate batches", lambda: code("servesim.metrics_stream", "BATCHES"), EXACT),
+    Fig(STREAM, r"Student-t, # degrees of freedom", lambda: code("servesim.metrics_stream", "BATCHES") - 1, EXACT),
+    Fig(STREAM, r"throughput over # equal bins", lambda: code("servesim.metrics_stream", "BATCHES"), EXACT),
+    Fig(STREAM, r"more than n / # requests", lambda: code("servesim.metrics_stream", "BATCHES"), EXACT),
+    Fig(STREAM, r"past # requests in the system", lambda: code("servesim.engine.stream", "MAX_WINDOW"), EXACT),
     # Busy and capacity headroom
     Fig(BUSY, r"reads\s+~#% far below capacity \(the default deployment at # req/s: busy #%, KV cache #%",
         lambda: (computed("default_load")["busy_pct"], 5.5, computed("default_load")["busy_pct"],
@@ -758,6 +773,7 @@ FIGURES = [
                                              (ROOT / "tests" / "test_vllm_suite.py").read_text())), EXACT),
     # Reliability: the memory budget
     Fig(REL_SEC, r"about # B per request", lambda: budget("BYTES_PER_REQUEST"), EXACT),
+    Fig(REL_SEC, r"does so instead, above # GB", lambda: budget("STREAM_ABOVE_BYTES") / 1e9, EXACT),
     Fig(REL_SEC, r"measured # B plus ~# MB per run",
         lambda: found(r"per request: (\d+) B, plus ~(\d+) MB once", code("servesim.engine.budget", "__doc__")), EXACT),
     Fig(REL_SEC, r"# B x `max_num_seqs` x \(1 \+ 2 PP\)",
@@ -1088,6 +1104,7 @@ class Exempt:
 
 EXEMPT = [
     Exempt(SIM, r"with 95%\s+confidence intervals", "the intervals' level, a definition"),
+    Exempt(STREAM, r"95% intervals of a streamed run", "the intervals' level, a definition"),
     Exempt(SIM, r"At 30, 60 and 90% of capacity", "the loads tests/test_delivered_rates.py runs at, not a measurement"),
     Exempt(SIM, r"judging completions called 4 of 20 short runs at 27% load saturated",
            "the rule that was rejected, measured when the saturation verdict was designed"),

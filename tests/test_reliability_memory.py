@@ -48,7 +48,7 @@ def test_estimate_is_requests_plus_replicas():
 
 
 @pytest.mark.parametrize("options, way_out", [
-    ({"num_requests": 50_000_000}, "--num-requests"),
+    ({"num_requests": 50_000_000, "stream": False}, "--num-requests"),    # (it streams by default)
     ({"replicas": 100_000_000}, "--replicas"),
     ({"num_requests": 20_000_000, "replicas": 2_000_000}, "--replicas"),   # requests alone fit
 ])
@@ -66,9 +66,18 @@ def test_refused_before_any_work_with_the_figure_and_the_way_out(machine, option
 def test_suggested_figure_fits(machine):
     machine(2 * GB)
     with pytest.raises(ConfigError) as e:
-        servesim.simulate(num_requests=10_000_000)
+        servesim.simulate(num_requests=10_000_000, stream=False)
     n = int(str(e.value).split("--num-requests ")[1].split(" ")[0].replace(",", ""))
     assert budget.run_bytes(n, 1, 256) <= 2 * GB < budget.run_bytes(n + 1000, 1, 256)
+
+
+def test_above_the_budget_a_run_that_can_stream_streams(machine):
+    from servesim.api import _streams, resolve
+    machine(4 * GB)
+    cfg, _, _, workload = resolve(servesim.SimConfig(num_requests=50_000_000))
+    assert _streams(cfg, workload)          # 50M x 480 B > half of 4 GB: in bounded memory instead
+    cfg, _, _, workload = resolve(servesim.SimConfig(num_requests=50_000_000, offline=True))
+    assert not _streams(cfg, workload)      # offline cannot stream: refused as above
 
 
 def test_within_budget_runs(machine):
@@ -83,8 +92,8 @@ def test_unknown_available_memory_skips_the_check(machine):
 
 @pytest.mark.parametrize("args, words", [
     (["simulate", "--replicas", "100000000"], ["--replicas", "replicas x", "or fewer"]),
-    (["simulate", "--num-requests", "50000000"], ["--num-requests", "50,000,000 requests"]),
-    (["sweep", "--rates", "1,2", "--num-requests", "50000000"], ["--num-requests"]),
+    (["simulate", "--num-requests", "50000000", "--no-stream"], ["--num-requests", "50,000,000 requests"]),
+    (["sweep", "--rates", "1,2", "--num-requests", "50000000", "--no-stream"], ["--num-requests"]),
 ])
 def test_cli_fails_fast_with_one_line(machine, args, words):
     machine(4 * GB)

@@ -268,7 +268,7 @@ def simulate(fmt, outdir, capacity, **kw):
         from ..planning.capacity import check_open_loop
         check_open_loop(cfg)
     with output_dir(outdir, "-o", "servesim simulate") as out:
-        res = run(cfg)
+        res = run(cfg, records=None if out is None else out.stage / "requests.csv")
         if capacity:
             from ..planning.capacity import capacity as find_capacity
             res.summary["capacity"] = find_capacity(cfg, res.summary["config"]["rate"])

@@ -31,6 +31,16 @@ MAX_SWEEP_POINTS = 100_000       # simulations in one sweep or plan; each is a f
 MEMINFO = "/proc/meminfo"
 
 
+STREAM_ABOVE_BYTES = 2 * 10**9   # a run estimated above this (or half the available memory) streams
+
+
+def stream_budget(available: int | None = None) -> int:
+    """The estimate above which a run that can stream does (`--stream` unset): 2 GB, or half the
+    memory available when that is less."""
+    have = available_bytes() if available is None else available
+    return STREAM_ABOVE_BYTES if have is None else min(STREAM_ABOVE_BYTES, have // 2)
+
+
 def available_bytes(meminfo: str = MEMINFO) -> int | None:
     """MemAvailable in bytes (Linux), or None where it cannot be read."""
     try:

@@ -80,12 +80,19 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dps = padded(tuple(dps if dps is not None else ps))
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
-    run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log, ctr,
-           pool_stats, prefix, gap_hist, spec, dps, sp)
-    stats = pool_stats.sum(axis=0)          # the pools summed in order; the largest KV in use, the run's end time
+    now, _ = run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
+                    ctr, pool_stats, prefix, gap_hist, spec, dps, sp, 0.0, INF)
+    end_run_nb(cfg, rq, rp, sp, pool_stats, now)
+    return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,
+                         prefix)._replace(span_iterations=int(sp.count[0]))
+
+
+def run_totals(pool_stats: np.ndarray) -> np.ndarray:
+    """The run's totals (EngineOutput.stats): the pools summed in order; the largest KV in use, the end time."""
+    stats = pool_stats.sum(axis=0)
     for j in (STAT_KV_MAX, STAT_END_TIME):
         stats[j] = max(0.0, pool_stats[:, j].max())
-    return engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix)._replace(span_iterations=int(sp.count[0]))
+    return stats
 
 
 @njit(**HANDLER)
@@ -108,11 +115,18 @@ def skip_followups_nb(rq, ctr):
         ctr[NEXT_ARRIVAL] += 1
 
 
+# why `run_nb` returned: every request ended or no event is left; the clock passed cfg.max_time; paused
+# at ``until`` (a chunked run, engine/stream.py: the next requests are loaded, then it resumes)
+RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
+
+
 @njit(cache=True, _nrt=False)
-def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp):
-    """The event loop over state the caller owns (borrowed: see `jit.py`)."""
+def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
+           now, until):
+    """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
+    event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
+    the state as it was, so that a later call with the same state continues exactly; `end_run_nb` ends it."""
     n = rq.prompt.shape[0]
-    now = 0.0
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
         t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
@@ -121,8 +135,12 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
         t_arr, i, from_heap = next_arrival_nb(rq, flow, ctr)
         t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
         t = min(min(t_comp, t_x), min(t_arr, t_sch))
-        if t == INF or t > cfg.max_time:
+        if t >= until and t != INF:
+            return now, RUN_PAUSED
+        if t == INF:
             break
+        if t > cfg.max_time:
+            return now, RUN_CUT
         now = t
         if t_comp <= t:
             complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
@@ -139,6 +157,13 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
         else:
             schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
                         sp)
+    return now, RUN_ENDED
+
+
+@njit(cache=True, _nrt=False)
+def end_run_nb(cfg, rq, rp, sp, stats, now):
+    """End the run at ``now`` (the last event's time): a decode span's requests brought up to date, each
+    replica's span with work in flight closed, every pool's end time set."""
     for r in range(cfg.replicas):
         if sp.active[r]:    # the clock stopped in a decode span: its requests brought up to date
             span_end_nb(cfg, rq, rp, sp, r)

@@ -282,6 +282,17 @@ def router_draws(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.random(n), rng.random(n)
 
 
+def router_chunks(n: int, seed: int, chunk: int):
+    """`router_draws(n, seed)` in chunks of ``chunk`` requests: (u1, u2) of requests [a, a + chunk), the
+    second draws reached by advancing the stream past the first n (PCG64: one 64-bit word per double)."""
+    first = np.random.default_rng([seed, 0x726F75])
+    second = np.random.default_rng([seed, 0x726F75])
+    second.bit_generator.advance(n)
+    for a in range(0, n, chunk):
+        m = min(chunk, n - a)
+        yield first.random(m), second.random(m)
+
+
 def no_chains(n: int, next_turn=None, think=None) -> Chains:
     """Chains listing no block: no prefix cache (sessions' turns and think times kept)."""
     z = np.zeros(n, np.int64)

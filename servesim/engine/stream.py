@@ -1,0 +1,122 @@
+"""A run of any length in bounded memory: the kernel over a window of requests, loaded chunk by chunk.
+
+The requests arrive in time order, so the kernel (`kernel.run_nb`) can run over the requests loaded
+so far and pause before the first event at or after the next chunk's first arrival: nothing it has
+done yet depends on a request it has not seen (at equal times an arrival comes before a scheduling
+decision and after completions, and the pause leaves the state untouched, so resuming with the next
+chunk appended replays the same order). After each pause the window's leading requests that have
+ended (done or rejected) are handed to ``sink`` in arrival order and dropped: every stored request
+index (the waiting queues' links, the running sets, the micro-batch slots, the arrival counters)
+is shifted down by their number (`_shift`). The records the sink sees, concatenated, are the
+records of the same requests run in one piece, field for field (tests/test_stream.py).
+
+Memory is the window (the requests in the system plus one chunk), not the run: a stable run's
+window stays near one chunk. A backlog that grows without bound (an overloaded deployment) is
+stopped once the window holds ``max_window`` requests (`StreamEnd.backlog`): the run is saturated.
+
+Only the plain feature set streams (no prefix cache, no session turns or KV transfers between
+pools, no speculative decoding, an open loop): those keep request indices in further arrays
+(chains, the transfer list, the turn heap) that are not shifted here.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from . import codes as C
+from .kernel import RUN_CUT, end_run_nb, padded, run_nb, run_totals
+from .lower import no_chains
+from .state import (
+    ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, new_counters, new_log, new_replicas, new_requests,
+    new_span, new_step,
+)
+
+CHUNK = 1 << 18          # requests loaded per chunk (even: see workload/stream.py)
+MAX_WINDOW = 1 << 21     # requests in the system at which a run is stopped as saturated (their records,
+                         # 203 B each, held twice while the window is rebuilt: ~1 GB)
+
+
+class StreamEnd(NamedTuple):
+    """What the chunked run leaves besides the records it handed out."""
+    stats: np.ndarray           # run totals (EngineOutput.stats)
+    pool_stats: np.ndarray
+    gap_hist: np.ndarray
+    log: tuple                  # (time, replica, seqs, tokens, kv_blocks, waiting) of the decimated samples
+    loaded: int                 # requests loaded into the kernel (the rest were never sent: cut or stopped)
+    chunks: int                 # pauses + 1
+    peak_window: int            # most requests held at once
+    backlog: bool               # stopped: the window reached max_window
+    cut: bool                   # stopped by cfg.max_time (--duration)
+
+
+def _shift(rq, rp, ctr, m: int) -> None:
+    """Drop the window's first m requests (all ended): every stored request index moves down by m."""
+    for a in (rq.q_next, rp.q_head, rp.q_tail):
+        a[a >= 0] -= m
+    for a in (rp.running, rp.slot_req):     # (entries past n_running / slot_n are stale, never read)
+        a[a >= 0] -= m
+    for j in (NEXT_ARRIVAL, SENT, ENDED):
+        ctr[j] -= m
+
+
+def ended_prefix(status: np.ndarray) -> int:
+    """Length of the leading run of ended (done or rejected) requests."""
+    live = (status != C.DONE) & (status != C.REJECTED)
+    idx = np.flatnonzero(live)
+    return int(idx[0]) if idx.size else int(status.size)
+
+
+def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sink: Callable,
+               max_window: int | None = None) -> StreamEnd:
+    """Run the kernel over ``chunks`` (an iterator of (arrival, prompt, output, u1, u2) arrays, engine
+    arrivals in non-decreasing order across chunks, as `lower.request_arrays` gives them) and hand each
+    drained block of request records (a `state.request_dtype` record array, arrival order) to
+    ``sink(records, first_index)``; ``max_window``: default MAX_WINDOW."""
+    if cfg.concurrency > 0 or np.any(pools.role != C.MIXED):      # (no chains: the prefix cache stays out)
+        raise ValueError("run_stream runs the plain feature set (mixed pools, open loop, no chains)")
+    max_window = MAX_WINDOW if max_window is None else max_window
+    ps = padded(tuple(ps))
+    swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
+    rp = new_replicas(cfg, pools)
+    ctr = new_counters(cfg, 0)
+    log = new_log(cfg.log_size)
+    step = new_step(cfg.max_num_seqs)
+    sp = new_span(cfg)      # decode fast-forward: aggregates per replica, no request index to shift
+    pool_stats = np.zeros((pools.role.shape[0], N_STATS))
+    prefix = np.zeros(C.N_PREFIX)
+    gap_hist = np.zeros(C.GAP_BINS, np.int64)
+    rq = new_requests(*(np.zeros(0, t) for t in (np.float64, np.int64, np.int64, np.float64, np.float64)),
+                      np.zeros(0, np.int64))
+    pending = next(chunks, None)
+    now, base, loaded, n_chunks, peak = 0.0, 0, 0, 0, 0
+    backlog = cut = False
+    while True:
+        if pending is not None:         # append the next chunk: sent, to arrive as the clock reaches it
+            add = new_requests(*pending, np.full(pending[1].shape[0], -1, np.int64))
+            rq = np.concatenate((rq, add)).view(np.recarray)
+            loaded += add.shape[0]
+            ctr[SENT] = rq.shape[0]
+            pending = next(chunks, None)
+        peak = max(peak, rq.shape[0])
+        until = float(pending[0][0]) if pending is not None else INF
+        now, why = run_nb(ps, swap, cfg, pools, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
+                          pool_stats, prefix, gap_hist, None, None, sp, now, until)
+        n_chunks += 1
+        cut = why == RUN_CUT
+        more = pending is not None and not cut
+        backlog = more and rq.shape[0] >= max_window
+        if not more or backlog:     # the end: decode spans brought up to date before the last records go
+            end_run_nb(cfg, rq, rp, sp, pool_stats, now)
+        m = ended_prefix(rq.status) if more and not backlog else rq.shape[0]
+        if m:
+            sink(rq[:m], base)
+            base += m
+            _shift(rq, rp, ctr, m)
+            rq = rq[m:].copy().view(np.recarray)
+        if not more or backlog:
+            break
+    stats = run_totals(pool_stats)
+    k = int(ctr[LOG_COUNT])
+    samples = tuple(a[:k].copy() for a in log)
+    return StreamEnd(stats, pool_stats, gap_hist, samples, loaded, n_chunks, peak, backlog, cut)
