@@ -161,6 +161,15 @@ def _wide_ep(c: dict) -> str:
     return (f" EP={ep}" if ep != 1 else "") + (f" attn-DP={dp}" if dp != 1 else "")
 
 
+def _pool_ep(p: dict) -> str:
+    """A pool's EP / attn-DP, from its canonical spec (``name``)."""
+    from .pools import parse_pool
+    if not p.get("name"):
+        return ""
+    spec = parse_pool(p["name"])
+    return _wide_ep({"ep": spec.ep, "attn_dp": spec.attn_dp})
+
+
 def _speculative_line(sp: dict) -> str:
     """The run's speculative decoding: the acceptance model, what the steps yielded, where the time went."""
     def pct(v):
@@ -175,7 +184,7 @@ def _speculative_line(sp: dict) -> str:
 def summary_table(s: dict) -> str:
     c = s["config"]
     if s.get("pools"):      # a deployment of pools: list them
-        where = ", ".join(f"{p['replicas']} x TP={p['tp']} PP={p['pp']} on {p['hardware']} ({p['role']})"
+        where = ", ".join(f"{p['replicas']} x TP={p['tp']} PP={p['pp']}{_pool_ep(p)} on {p['hardware']} ({p['role']})"
                           for p in s["pools"])
         head = f"servesim  {c['model']} on {c['num_gpus']} GPUs in {len(s['pools'])} pool(s): {where}, "
     else:

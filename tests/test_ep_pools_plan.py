@@ -28,6 +28,8 @@ def test_pd_with_a_wide_ep_decode_pool():
     assert pools["decode"]["num_gpus"] == 8 and pools["prefill"]["num_gpus"] == 8
     assert s["config"]["num_gpus"] == 16
     assert s["num_completed"] == 64
+    from servesim.render import summary_table
+    assert "1 x TP=1 PP=1 EP=8 attn-DP=8 on h200-sxm (decode)" in summary_table(s)
 
 
 def test_plan_parallel_pairs():
