@@ -17,8 +17,8 @@ from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_
 from .jit import HANDLER
 from .nextevent import set_time_nb
 from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, take_nb
-from .span import gap_bin_nb, span_complete_nb, span_next_nb
-from .schedule import continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
+from .span import gap_bin_nb, leave_nb, span_complete_nb, span_joins_nb, span_next_nb
+from .schedule import admit_nb, continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
 from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
     STAT_BUSY, STAT_ITERATIONS, STAT_PREEMPTIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
@@ -69,10 +69,15 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
     freed = False
     cached_gap = -1.0
     cached_bin = 0
-    n = rp.slot_n[k]
-    if spec is None and sp.active[r] and span_complete_nb(cfg, rq, rp, sp, gap_hist, r, now):
-        n = 0                       # an iteration of a decode span (span.py): its members untouched
-    for j in range(n):
+    lo = 0
+    in_span = spec is None and sp.active[r] == 1
+    if in_span:                     # an iteration of a decode span (span.py): its members untouched,
+        lo = sp.n[r]                # but those it ends; then its other members as below
+        span_complete_nb(cfg, sp, gap_hist, r, now)
+        if sp.done[r] == sp.fin[r]:
+            span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now)
+            freed = True
+    for j in range(lo, rp.slot_n[k]):
         i = slot_req[k, j]
         in_flight[i] = False
         new = 1                     # tokens emitted
@@ -118,12 +123,52 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
             drop_running_nb(rp.running, rp.n_running, r, i)
             end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
     rp.slot_n[k] = 0
+    if in_span and sp.active[r] == 1:
+        span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now)
     if rp.n_running[r] == 0 and cfg.policy == C.STATIC:
         rp.pad_seqs[r] = 0
         rp.pad_kv[r] = 0
     wake_nb(pools, rp, r, max(rp.next_free[r], now))
     if flow is not None and freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
         retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
+
+
+@njit(**HANDLER)
+def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
+    """The span's completion `sp.fin` gives members their last token: in running order, each leaves the
+    span (`span.leave_nb`) and ends as in `complete_nb`; the running list closes up (as
+    `drop_running_nb` would), the span's positions with it; the span's next ending completion."""
+    c = sp.done[r]
+    run = rp.running
+    k = r * cfg.pp
+    n = sp.n[r]
+    nr = rp.n_running[r]
+    fin = 1 << 62
+    q = 0
+    for pos in range(nr):
+        i = run[r, pos]
+        if pos < n:
+            e = sp.epoch[r, pos]
+            m0 = sp.e_start[r, e]
+            if rq.generated[i] + c - m0 >= rq.output[i]:
+                leave_nb(cfg, rq, sp, r, i, e)
+                rp.load[r] -= 1
+                release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
+                rq.blocks[i] = 0
+                end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
+                continue
+            f = m0 + rq.output[i] - rq.generated[i]
+            if f < fin:
+                fin = f
+            sp.epoch[r, q] = e
+            rp.slot_req[k, q] = i
+        run[r, q] = i
+        q += 1
+    rp.n_running[r] = q
+    sp.n[r] = n - (nr - q)
+    sp.fin[r] = fin
+    if sp.n[r] == 0:
+        sp.active[r] = 0
 
 
 @njit(**HANDLER)
@@ -323,6 +368,9 @@ def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, p
     if kv_span >= 0:
         nb = sp.n[r]
         swap_s = 0.0
+        if rp.n_waiting[r] > 0:     # admissions after the span's members, one token of the budget each
+            nb, swap_s = admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb,
+                                  cfg.max_batched_tokens - nb, swap_s)
     elif cfg.policy == C.STATIC:
         nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
@@ -330,21 +378,22 @@ def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, p
                                          spec)
     if nb > 0:
         if spec is not None:
-            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1)
+            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1, 0)
         else:
-            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl], kv_span)
+            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl], kv_span,
+                      sp.n[r])
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span):
+def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it. With
     speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
     (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
-    ``kv_span`` >= 0: an iteration of a decode span (span.py), nb decodes whose KV sums to it; its
-    members are already in the slot."""
+    ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
+    KV sums to it, and they are already in the slot."""
     pl = rp.pool[r]
     PP = pools.pp[pl]
     base = r * cfg.pp
@@ -359,14 +408,13 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     n_spec = 0.0
     kv_spec = 0.0
     spec_tok = 0.0
-    if kv_span >= 0:        # the sums below, of nb decodes (exact integers in floating point)
-        n_dec = float(nb)
+    lo = 0
+    if kv_span >= 0:        # the sums below, of n_span decodes (exact integers in floating point)
+        n_dec = float(n_span)
         kv_dec = float(kv_span)
-        n_logit = float(nb)
-        nb_loop = 0
-    else:
-        nb_loop = nb
-    for j in range(nb_loop):
+        n_logit = float(n_span)
+        lo = n_span
+    for j in range(lo, nb):
         i = b_req[j]
         c = b_chunk[j]
         pend = prompt[i] + generated[i] - computed[i]
@@ -433,7 +481,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     rp.slot_start[k] = now
     rp.slot_n[k] = nb
     slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
-    for j in range(nb_loop):
+    for j in range(lo, nb):
         slot_req[k, j] = b_req[j]
         slot_chunk[k, j] = b_chunk[j]
         in_flight[b_req[j]] = True

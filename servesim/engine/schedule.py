@@ -163,7 +163,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
     b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
-    status, in_flight, n_waiting, q_head = rq.status, rq.in_flight, rp.n_waiting, rp.q_head
+    status, in_flight = rq.status, rq.in_flight
     nb = 0
     budget = cfg.max_batched_tokens
     swap_s = 0.0
@@ -267,47 +267,61 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                 b_chunk[nb] = c
                 nb += 1
                 budget -= tok
-    # 2) admit waiting requests in FCFS order (none after a preemption in this step). Async
-    #    scheduling (vLLM V1, host work overlapping the GPU, one stage): this step was planned when
-    #    the step now ending was launched, so while it has running members a request that arrived
-    #    after that launch waits for the next one (POOLS.md)
+    # 2) admit waiting requests in FCFS order (none after a preemption in this step)
     if not decode_only and not preempted_now:
-        cutoff = math.inf
-        if pol == C.VLLM and swap[rp.pool[r], 2] > 0.0 and pools.pp[rp.pool[r]] == 1 and nb > 0:
-            cutoff = rp.slot_start[r * cfg.pp]
-        while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
-            i = q_head[r]
-            if rq.arrival[i] > cutoff:
-                break
-            h, g0, hc = cached_nb(cfg, rq, cache, chains, r, i)
-            done = computed[i] if h == 0 else h * cfg.block_size
-            held = blocks[i] if h == 0 else h
-            c = prompt[i] + generated[i] - done
-            if c > budget:
-                if pol == C.ORCA or pol == C.VLLM_V0:
-                    if nb > 0:
-                        break
-                else:
-                    c = budget
-            need = blocks_for_nb(done + c, cfg.block_size) - held
-            if need + g0 + hc > 0 and free_blocks[r] - (need + g0 + hc) < wm:
-                break
-            pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
-            if cfg.prefix_caching and computed[i] == 0:
-                prefix[C.LOOKUP_TOKENS] += prompt[i]
-            if cache is not None and h > 0:
-                swap_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
-            if status[i] == C.SWAPPED:
-                swap_s += swap_seconds_nb(swap, pools, rp, rq, r, i)
-            status[i] = C.RUNNING
-            if math.isnan(rq.scheduled[i]):
-                rq.scheduled[i] = now
-            take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
-            blocks[i] += need
-            run[r, n_running[r]] = i
-            n_running[r] += 1
-            b_req[nb] = i
-            b_chunk[nb] = c
-            nb += 1
-            budget -= c
+        nb, swap_s = admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s)
+    return nb, swap_s
+
+
+@njit(inline="always", **HANDLER)
+def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
+    """Admit waiting requests in FCFS order into the step's members after its first ``nb`` (``budget``
+    tokens left); returns (members, swap s). Async scheduling (vLLM V1, host work overlapping the
+    GPU, one stage): this step was planned when the step now ending was launched, so while it has
+    running members a request that arrived after that launch waits for the next one (POOLS.md)."""
+    B = cfg.max_num_seqs
+    wm = pools.watermark_blocks[rp.pool[r]]
+    pol = cfg.policy
+    run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
+    b_req, b_chunk = step.req, step.chunk
+    prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
+    status, n_waiting, q_head = rq.status, rp.n_waiting, rp.q_head
+    cutoff = math.inf
+    if pol == C.VLLM and swap[rp.pool[r], 2] > 0.0 and pools.pp[rp.pool[r]] == 1 and nb > 0:
+        cutoff = rp.slot_start[r * cfg.pp]
+    while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
+        i = q_head[r]
+        if rq.arrival[i] > cutoff:
+            break
+        h, g0, hc = cached_nb(cfg, rq, cache, chains, r, i)
+        done = computed[i] if h == 0 else h * cfg.block_size
+        held = blocks[i] if h == 0 else h
+        c = prompt[i] + generated[i] - done
+        if c > budget:
+            if pol == C.ORCA or pol == C.VLLM_V0:
+                if nb > 0:
+                    break
+            else:
+                c = budget
+        need = blocks_for_nb(done + c, cfg.block_size) - held
+        if need + g0 + hc > 0 and free_blocks[r] - (need + g0 + hc) < wm:
+            break
+        pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
+        if cfg.prefix_caching and computed[i] == 0:
+            prefix[C.LOOKUP_TOKENS] += prompt[i]
+        if cache is not None and h > 0:
+            swap_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
+        if status[i] == C.SWAPPED:
+            swap_s += swap_seconds_nb(swap, pools, rp, rq, r, i)
+        status[i] = C.RUNNING
+        if math.isnan(rq.scheduled[i]):
+            rq.scheduled[i] = now
+        take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
+        blocks[i] += need
+        run[r, n_running[r]] = i
+        n_running[r] += 1
+        b_req[nb] = i
+        b_chunk[nb] = c
+        nb += 1
+        budget -= c
     return nb, swap_s

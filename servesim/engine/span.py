@@ -2,22 +2,29 @@
 aggregates without touching its requests, which are brought up to date once when the span ends.
 
 A span begins at a scheduling decision of a one-stage replica (not static batching, no speculative
-decoding) whose waiting queue is empty and whose running requests are all decoding, none in flight,
-with one last-token time, each holding the blocks of its next token and no more than a block beyond
-(and, with the prefix cache, done registering its chain's blocks), and no more of them than the token budget.
-The step-by-step scheduler would then put every running request in the batch, one token each, in
-running order; so does each iteration of the span, as long as
+decoding) whose running requests are all decoding, none in flight, with one last-token time, each
+holding the blocks of its next token and no more than a block beyond (and, with the prefix cache,
+done registering its chain's blocks), and no more of them than the token budget. The step-by-step
+scheduler would then put every running request in the batch first, one token each, in running order,
+and admit waiting requests after them; so does each iteration of the span (the admissions by the
+same code, `schedule.admit_nb`, and run request by request: they are the batch's other members), as
+long as
 
-- nothing waits (an arrival, a transfer to a decode replica, a preempted request),
-- the running list is the span's (a transfer appended none),
+- the running list is the span's (a transfer to a decode replica appended none),
 - the blocks the members need at this iteration are free (else one would preempt),
-- and no member finishes at the completion (that completion is run request by request).
+- and nothing waits under vllm-v0 (its prefill steps hold no decodes).
+
+A member leaves the span at the completion of its last token (`events.span_finish_nb`: it ends as
+it would step by step, in running order, before the batch's other members). At a completion, the
+other members whose prompt is done join the span (in running order, while
+each meets the conditions above): a member's tokens count from the span's completions at its join,
+and its longest gap from the epoch it joined in (the span's gaps are kept per epoch).
 
 Each iteration is priced from the members' count and their computed tokens' sum, exact integers in
 floating point, so its cost, the statistics and the log are those of the step loop, in the same
 order (the span's iterations stay events of the one loop, interleaved with the other replicas'). The
-members share their gaps: one histogram increment per completion, the span's longest gap and last
-token applied to each member at the end (`span_end_nb`), with the tokens and blocks it ran. The
+members share their gaps: one histogram increment per completion, the longest gap since its join
+and the last token applied to each member at the end (`span_end_nb`), with the tokens and blocks it ran. The
 step-by-step loop is the reference (`EngineConfig.fast_forward` 0, `--no-fast-forward`); tests
 demand identical records.
 """
@@ -46,61 +53,91 @@ def gap_bin_nb(gap):
 
 
 @njit(**HANDLER)
-def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
-    """Begin a span on replica r if its next decision would batch its whole running list, every member
-    decoding one token (the conditions in the module's docstring); returns whether it began."""
-    n = rp.n_running[r]
-    if n == 0 or rp.n_waiting[r] > 0 or n > cfg.max_batched_tokens or pools.pp[rp.pool[r]] != 1:
+def joins_nb(cfg, chains, rq, cache, sp, r, i, t):
+    """Request i (running, not in flight) can be a member of replica r's span whose last token was at t:
+    decoding, its last token at t, holding its next token's blocks and less than a block more, done
+    registering prefix-cache blocks."""
+    c = rq.computed[i]
+    g = rq.generated[i]
+    room = rq.blocks[i] * cfg.block_size - c
+    if g == 0 or c + 1 != rq.prompt[i] + g or rq.in_flight[i] or rq.last_token[i] != t:
         return False
-    bs = cfg.block_size
+    if room < 0 or room >= cfg.block_size:
+        return False
+    # (with the prefix cache: it may still register blocks of its chain, prefix.register_nb)
+    return cache is None or rq.reg_done[i] or rq.n_ref[i] >= chains.length[i]
+
+
+@njit(**HANDLER)
+def join_nb(cfg, rq, rp, sp, r, i, pos):
+    """Request i, at running position pos, joins replica r's span (in its latest epoch)."""
+    m = sp.done[r]
+    c = rq.computed[i]
+    room = rq.blocks[i] * cfg.block_size - c
+    sp.epoch[r, pos] = sp.n_epochs[r] - 1
+    sp.hits[r, (m + room + 1) % cfg.block_size] += 1     # first takes a block at the span's iteration m + room + 1
+    sp.kv0[r] += c - m
+    f = m + rq.output[i] - rq.generated[i]
+    if f < sp.fin[r]:
+        sp.fin[r] = f
+    if rq.arrival[i] >= cfg.warmup_time:
+        sp.n_warm[r] += 1
+    k = r * cfg.pp
+    rp.slot_req[k, pos] = i     # the span's batch, in running order (a completion run request by request reads it)
+    rp.slot_chunk[k, pos] = 1
+    sp.n[r] = pos + 1
+
+
+@njit(**HANDLER)
+def new_epoch_nb(sp, r):
+    e = sp.n_epochs[r]
+    sp.e_start[r, e] = sp.done[r]
+    sp.e_max[r, e] = 0.0
+    sp.n_epochs[r] = e + 1
+
+
+@njit(**HANDLER)
+def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
+    """Begin a span on replica r if its next decision would batch its whole running list first, every
+    member decoding one token (the conditions in the module's docstring); returns whether it began."""
+    n = rp.n_running[r]
+    if n == 0 or n > cfg.max_batched_tokens or pools.pp[rp.pool[r]] != 1:
+        return False
+    if cfg.policy == C.VLLM_V0 and rp.n_waiting[r] > 0:
+        return False
     run = rp.running
     t = rq.last_token[run[r, n - 1]]
-    for q in range(bs):
-        sp.hits[r, q] = 0
-    kv = 0
-    fin = rq.output[run[r, n - 1]]
-    warm = 0
     for j in range(n - 1, -1, -1):     # the latest admitted first: the likeliest to be prefilling
-        i = run[r, j]
-        c = rq.computed[i]
-        g = rq.generated[i]
-        room = rq.blocks[i] * bs - c
-        if g == 0 or c + 1 != rq.prompt[i] + g or rq.in_flight[i] or rq.last_token[i] != t or room < 0 or room >= bs:
+        if not joins_nb(cfg, chains, rq, cache, sp, r, run[r, j], t):
             return False
-        if cache is not None and not rq.reg_done[i] and rq.n_ref[i] < chains.length[i]:
-            return False        # it may still register blocks of its chain (prefix.register_nb)
-        sp.hits[r, (room + 1) % bs] += 1     # first needs a block at the span's iteration room + 1
-        kv += c
-        if rq.output[i] - g < fin:
-            fin = rq.output[i] - g
-        if rq.arrival[i] >= cfg.warmup_time:
-            warm += 1
-    k = r * cfg.pp
-    for j in range(n):      # the batch of every iteration, in running order (its last completion reads it)
-        rp.slot_req[k, j] = run[r, j]
-        rp.slot_chunk[k, j] = 1
-    sp.active[r] = 1
-    sp.n[r] = n
-    sp.kv0[r] = kv
-    sp.fin[r] = fin
+    for q in range(cfg.block_size):
+        sp.hits[r, q] = 0
+    sp.n[r] = 0
+    sp.kv0[r] = 0
+    sp.fin[r] = 1 << 62
     sp.launched[r] = 0
     sp.done[r] = 0
-    sp.n_warm[r] = warm
+    sp.n_warm[r] = 0
     sp.t_last[r] = t
-    sp.gap_max[r] = 0.0
+    sp.n_epochs[r] = 0
+    new_epoch_nb(sp, r)
+    for j in range(n):
+        join_nb(cfg, rq, rp, sp, r, run[r, j], j)
+    sp.active[r] = 1
     return True
 
 
 @njit(**HANDLER)
 def span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r):
     """A scheduling decision on replica r: launch the next iteration of its span (beginning one if it
-    can), taking the blocks its members need; returns the members' computed tokens + 1, summed (the
-    batch's KV), or -1: the step-by-step scheduler decides (the span, if any, ended)."""
+    can), taking the blocks its members need; returns the members' computed tokens + 1, summed (their
+    KV in the batch), or -1: the step-by-step scheduler decides (the span, if any, ended). Waiting
+    requests are then admitted after the members (`schedule.admit_nb`, by the caller)."""
     if sp.active[r] == 0 and not span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
         return -1
     j = sp.launched[r] + 1
     need = sp.hits[r, j % cfg.block_size]
-    if rp.n_waiting[r] > 0 or rp.n_running[r] != sp.n[r] or need > rp.free_blocks[r]:
+    if rp.n_running[r] != sp.n[r] or need > rp.free_blocks[r] or (cfg.policy == C.VLLM_V0 and rp.n_waiting[r] > 0):
         span_end_nb(cfg, rq, rp, sp, r)
         return -1
     if need > 0:
@@ -111,42 +148,83 @@ def span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r):
 
 
 @njit(**HANDLER)
-def span_complete_nb(cfg, rq, rp, sp, gap_hist, r, now):
-    """The span's in-flight iteration comes out: True if no member finishes, and then its tokens are
-    counted on the span; else the span ends (`span_end_nb`) and False: the caller runs this completion
-    request by request."""
-    if sp.done[r] + 1 >= sp.fin[r]:
-        span_end_nb(cfg, rq, rp, sp, r)
-        return False
+def span_complete_nb(cfg, sp, gap_hist, r, now):
+    """The span's in-flight iteration comes out: its members' tokens are counted on the span (one gap,
+    shared). Members it ends (the span's completion ``fin``) leave it by `events.span_finish_nb`; the
+    batch's other members are run request by request, then `span_joins_nb`."""
     gap = now - sp.t_last[r]
-    if gap > sp.gap_max[r]:
-        sp.gap_max[r] = gap
+    e = sp.n_epochs[r] - 1
+    if gap > sp.e_max[r, e]:
+        sp.e_max[r, e] = gap
     if sp.n_warm[r] > 0:
         gap_hist[gap_bin_nb(gap)] += sp.n_warm[r]
     sp.t_last[r] = now
     sp.done[r] += 1
-    return True
+
+
+@njit(**HANDLER)
+def leave_nb(cfg, rq, sp, r, i, e):
+    """Member i (of epoch e) leaves replica r's span: its share of the aggregates taken out, its record
+    brought up to date (`member_end_nb`)."""
+    m0 = sp.e_start[r, e]
+    room = rq.blocks[i] * cfg.block_size - rq.computed[i]
+    sp.hits[r, (m0 + room + 1) % cfg.block_size] -= 1
+    sp.kv0[r] -= rq.computed[i] - m0
+    if rq.arrival[i] >= cfg.warmup_time:
+        sp.n_warm[r] -= 1
+    g = 0.0
+    for e2 in range(e, sp.n_epochs[r]):
+        if sp.e_max[r, e2] > g:
+            g = sp.e_max[r, e2]
+    member_end_nb(cfg, rq, sp, r, i, m0, g)
+
+
+@njit(**HANDLER)
+def member_end_nb(cfg, rq, sp, r, i, m0, gap_max):
+    """Member i, joined at the span's completion m0, gets the tokens of the iterations completed since,
+    the blocks of those launched, the last token and ``gap_max``, its longest gap since."""
+    bs = cfg.block_size
+    m = sp.done[r]
+    L = sp.launched[r]
+    first = rq.blocks[i] * bs - rq.computed[i] + 1      # its first iteration taking a block, from its join
+    if L - m0 >= first:
+        rq.blocks[i] += (L - m0 - first) // bs + 1
+    d = m - m0
+    rq.computed[i] += d
+    rq.generated[i] += d
+    if d > 0:
+        rq.last_token[i] = sp.t_last[r]
+        if gap_max > rq.max_gap[i]:
+            rq.max_gap[i] = gap_max
+    rq.in_flight[i] = L > m
+
+
+@njit(**HANDLER)
+def span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now):
+    """After a span's completion: the running requests after its members join it, in running order,
+    while each can (one new epoch for them)."""
+    pos = sp.n[r]
+    if pos >= rp.n_running[r] or pos >= cfg.max_batched_tokens or sp.n_epochs[r] == sp.e_start.shape[1]:
+        return
+    if not joins_nb(cfg, chains, rq, cache, sp, r, rp.running[r, pos], now):
+        return
+    new_epoch_nb(sp, r)
+    while pos < rp.n_running[r] and pos < cfg.max_batched_tokens:
+        i = rp.running[r, pos]
+        if not joins_nb(cfg, chains, rq, cache, sp, r, i, now):
+            return
+        join_nb(cfg, rq, rp, sp, r, i, pos)
+        pos += 1
 
 
 @njit(**HANDLER)
 def span_end_nb(cfg, rq, rp, sp, r):
-    """End replica r's span: each member gets the tokens of the span's completed iterations, the
-    blocks of its launched ones, its last token and longest gap; a member of a launched iteration
-    not yet out is in flight."""
-    bs = cfg.block_size
-    m = sp.done[r]
-    L = sp.launched[r]
+    """End replica r's span: each member brought up to date (`member_end_nb`); a member of a launched
+    iteration not yet out is in flight."""
+    for e in range(sp.n_epochs[r] - 2, -1, -1):     # the longest gap from each epoch on
+        if sp.e_max[r, e + 1] > sp.e_max[r, e]:
+            sp.e_max[r, e] = sp.e_max[r, e + 1]
     for j in range(sp.n[r]):
-        i = rp.running[r, j]
-        first = rq.blocks[i] * bs - rq.computed[i] + 1      # the span's first iteration taking a block
-        if L >= first:
-            rq.blocks[i] += (L - first) // bs + 1
-        rq.computed[i] += m
-        rq.generated[i] += m
-        if m > 0:
-            rq.last_token[i] = sp.t_last[r]
-            if sp.gap_max[r] > rq.max_gap[i]:
-                rq.max_gap[i] = sp.gap_max[r]
-        rq.in_flight[i] = L > m
+        e = sp.epoch[r, j]
+        member_end_nb(cfg, rq, sp, r, rp.running[r, j], sp.e_start[r, e], sp.e_max[r, e])
     sp.active[r] = 0
-

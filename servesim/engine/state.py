@@ -235,20 +235,27 @@ class Spec(NamedTuple):
 
 
 class Span(NamedTuple):
-    """Decode fast-forward (`span.py`), per replica: a span of iterations whose batch is the whole running
-    list, every member decoding, run from these aggregates; the members' records are brought up to
+    """Decode fast-forward (`span.py`), per replica: a span of iterations whose batch starts with the
+    whole running list, every member decoding, run from these aggregates (admissions after them run
+    request by request, and join the span once decoding); the members' records are brought up to
     date once, when the span ends."""
     active: np.ndarray          # 1 while replica r runs a span
     n: np.ndarray               # members: the first n of its running list
-    kv0: np.ndarray             # their computed tokens, summed, when the span began
+    kv0: np.ndarray             # their computed tokens when they joined less the span's completions then, summed
     fin: np.ndarray             # the span's completion that ends a member (counted from 1)
     launched: np.ndarray        # iterations of the span launched
     done: np.ndarray            # ... and completed
     n_warm: np.ndarray          # members whose gaps go to the histogram (arrived after the warm-up)
     t_last: np.ndarray          # the members' last token (the span's last completion)
-    gap_max: np.ndarray         # the longest gap of the span's completions
     hits: np.ndarray            # (R, block_size): members taking a block at the span's iterations j = q (mod block_size)
+    epoch: np.ndarray           # (R, max_num_seqs) the epoch a member (by running position) joined in
+    e_start: np.ndarray         # (R, SPAN_EPOCHS) the span's completions when an epoch began (members joined)
+    e_max: np.ndarray           # (R, SPAN_EPOCHS) the longest gap of the epoch's completions
+    n_epochs: np.ndarray
     count: np.ndarray           # (1) iterations run as spans (diagnostic)
+
+
+SPAN_EPOCHS = 32                # joins per span (then joiners wait for the next span)
 
 
 class Step(NamedTuple):
@@ -324,8 +331,9 @@ def new_flow(n, pd):
 def new_span(cfg):
     R = cfg.replicas
     z = lambda: np.zeros(R, np.int64)  # noqa: E731
-    return Span(z(), z(), z(), z(), z(), z(), z(), np.zeros(R), np.zeros(R), np.zeros((R, cfg.block_size), np.int64),
-                np.zeros(1, np.int64))
+    return Span(z(), z(), z(), z(), z(), z(), z(), np.zeros(R), np.zeros((R, cfg.block_size), np.int64),
+                np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, SPAN_EPOCHS), np.int64),
+                np.zeros((R, SPAN_EPOCHS)), z(), np.zeros(1, np.int64))
 
 
 def new_step(B):
