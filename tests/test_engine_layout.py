@@ -6,8 +6,9 @@ import inspect
 from servesim.engine import events, schedule
 from servesim.reference import sim
 
-# kernel-only mechanics with no reference counterpart: the reference uses a deque and a list
-MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_front", "log_iteration"}
+# kernel-only mechanics with no reference counterpart: the reference uses a deque and a list; the
+# decode fast-forward's handler (engine/span.py: the reference, like --no-fast-forward, runs step by step)
+MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_front", "log_iteration", "span_finish"}
 
 
 def _handlers(module):

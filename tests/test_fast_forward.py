@@ -110,3 +110,23 @@ def test_the_option_changes_nothing_but_the_speed():
     assert a.to_json() == b.to_json()
     assert a.requests.equals(b.requests) and a.iterations.equals(b.iterations)
     assert "fast_forward" not in a.summary["config"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configurations_agree(monkeypatch, seed):
+    """Random policies, routers, replica counts, KV capacities (down to preemption), loads and lengths,
+    with and without prefill/decode pools: fast-forward and step loop give the same records."""
+    rng = np.random.default_rng(seed)
+    kw = dict(scheduler=str(rng.choice(["vllm", "sarathi", "orca", "vllm-v0"])),
+              router=str(rng.choice(["round-robin", "least-requests", "least-kv", "power-of-two", "random"])),
+              preemption=str(rng.choice(["recompute", "swap"])), num_gpu_blocks=int(rng.integers(120, 2000)),
+              max_num_seqs=int(rng.choice([2, 16, 64, 256])), isl=int(rng.integers(16, 600)),
+              osl=int(rng.integers(2, 400)), rate=float(rng.uniform(2, 60)), num_requests=300, seed=seed)
+    if rng.random() < 0.3:
+        kw["pool"] = ("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x2:decode")
+        kw.pop("scheduler")
+    else:
+        kw["replicas"] = int(rng.integers(1, 4))
+    ff, step = _both(_inputs(monkeypatch, **kw))
+    _assert_identical(ff, step)
