@@ -104,9 +104,14 @@ def cache_dirs(files: list[Path]) -> dict[Path, bool]:
     `__pycache__`, and the user-wide cache (used when `__pycache__` is not writable). All of them
     are checked, so a stale file is dropped whichever numba picks; numba itself is not imported.
     Maps each folder to whether to create it (not the user-wide one: it may never be used)."""
+    return _dirs_of({p.parent for p in files if b"njit" in p.read_bytes() or b"numba.jit" in p.read_bytes()})
+
+
+def _dirs_of(folders) -> dict[Path, bool]:
+    """`cache_dirs` of the folders holding jitted functions."""
     dirs: dict[Path, bool] = {}
     user_dir = _numba_cache_dir()
-    for folder in {p.parent for p in files if b"njit" in p.read_bytes() or b"numba.jit" in p.read_bytes()}:
+    for folder in folders:
         sub = folder.name + "_" + hashlib.sha1(str(folder).encode()).hexdigest()   # numba's subpath
         if user_dir:
             dirs[Path(user_dir) / sub] = True
@@ -121,12 +126,49 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+QUICK_NAME = "servesim-numba-sources.quick.json"
+
+
+def _quick_key() -> str:
+    """Every servesim source's path, size and modification time (numba's own test of a changed file),
+    hashed: when it matches the key stored with the digest, the sources have not changed since."""
+    h = hashlib.sha1()
+    for p in sorted(_ROOT.rglob("*.py")):
+        st = p.stat()
+        h.update(f"{p.relative_to(_ROOT)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _sources_state() -> tuple[str, dict[Path, bool]]:
+    """(the jitted sources' digest, `cache_dirs`), from the quick index in the package's __pycache__
+    when the sources are as they were when it was written (reading and parsing ~100 files costs
+    ~0.1 s at every start), else computed and the index rewritten."""
+    import json
+    index = _ROOT / "__pycache__" / QUICK_NAME
+    key = _quick_key()
+    try:
+        saved = json.loads(index.read_text())
+        if saved["key"] == key:
+            files = [_ROOT / f for f in saved["jitted_folders"]]    # (one file per folder: what cache_dirs reads)
+            return saved["digest"], _dirs_of({f.parent for f in files})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    files = jitted_sources()
+    digest = sources_digest(files)
+    folders = {p.parent for p in files if b"njit" in p.read_bytes() or b"numba.jit" in p.read_bytes()}
+    firsts = sorted(str(min(p for p in files if p.parent == d).relative_to(_ROOT)) for d in folders)
+    try:
+        index.parent.mkdir(exist_ok=True)
+        _write_atomic(index, json.dumps({"key": key, "digest": digest, "jitted_folders": firsts}))
+    except OSError:
+        pass
+    return digest, _dirs_of(folders)
+
+
 def ensure_fresh() -> None:
     """Drop numba's compiled servesim code wherever it is cached if any jitted source changed."""
     try:
-        files = jitted_sources()
-        digest = sources_digest(files)
-        dirs = cache_dirs(files)
+        digest, dirs = _sources_state()
     except OSError:
         return
     for d, create in dirs.items():
