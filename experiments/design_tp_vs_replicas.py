@@ -4,7 +4,7 @@ h100-sxm vs h200-sxm, `chat` workload (Azure conversation trace lengths, Poisson
 preset. Layouts: TP=2 x 4 replicas, TP=4 x 2, TP=8 x 1 in bf16, and fp8 TP=1 x 8 / TP=2 x 4 (bf16
 TP=1 does not fit on either GPU; bf16 TP=2 leaves no KV cache on the 80 GB H100). For each:
 
-- the maximum sustainable rate under ttft_p99=1s, tpot_p99=60ms (`planning.maxrate.find_max_rate`,
+- the maximum sustainable rate under ttft_p99=1s, tpot_p99=60ms (`planning.maxrate.search_max_rate`,
   geometric bisection to 3%; the median over seeds 0, 1, 2, with the lowest and highest);
 - $ per million output tokens at that rate (profile $/GPU-hour, all 8 GPUs);
 - TTFT and TPOT p50/p99 at one common rate, 0.8 x the lowest bf16 max rate on the h100-sxm.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from servesim.api import SimConfig, simulate  # noqa: E402
 from servesim.errors import InfeasibleError  # noqa: E402
-from servesim.planning.maxrate import find_max_rate  # noqa: E402
+from servesim.planning.maxrate import search_max_rate  # noqa: E402
 
 OUT = ROOT / "experiments" / "results"
 MODEL, WORKLOAD, GPUS = "llama-3.1-70b", "chat", 8
@@ -47,7 +47,7 @@ def study(num_requests: int, tol: float = 0.03) -> tuple[pd.DataFrame, float]:
             base = SimConfig(model=MODEL, hardware=hw, workload=WORKLOAD, dtype=dtype, tp=tp,
                              replicas=GPUS // tp, slo=SLO, num_requests=num_requests)
             row = {"hardware": hw, "dtype": dtype, "tp": tp, "replicas": GPUS // tp}
-            runs = [find_max_rate(replace(base, seed=seed), tol=tol) for seed in SEEDS]
+            runs = [search_max_rate(replace(base, seed=seed), tol=tol) for seed in SEEDS]
             if runs[0]["status"] != "ok" or any(m["max_rate"] is None for m in runs):
                 m = runs[0]
                 row.update(status=m["status"] if m["status"] != "ok" else "no_rate",

@@ -19,7 +19,7 @@ import pytest
 import servesim
 
 # Maximum sustainable rate of the default deployment, measured with
-# servesim.planning.maxrate.find_max_rate(SimConfig(num_requests=100_000, seed=0), tol=0.01):
+# servesim.planning.maxrate.search_max_rate(SimConfig(num_requests=100_000, seed=0), tol=0.01):
 # 23.22 req/s (2,000 requests, seeds 0-2: 24.8, 23.0, 22.7; 20,000 requests: 23.4, 23.1, 23.4).
 CAPACITY = 23.2
 SEEDS = range(40)

@@ -177,7 +177,7 @@ def test_an_slo_typo_fails_before_any_simulation(args, monkeypatch, tmp_path):
 
 
 def test_an_slo_typo_fails_before_any_simulation_in_the_api(monkeypatch):
-    from servesim.planning.plan import PlanSpec, plan
+    from servesim.planning.plan import PlanSpec, run_plan as plan
     monkeypatch.setattr(servesim.api, "run", lambda *a, **k: pytest.fail("the engine ran"))
     with pytest.raises(ConfigError, match="unknown target 'tpot_p9'"):
         servesim.api.simulate(slo="tpot_p9=1s")

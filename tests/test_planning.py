@@ -8,8 +8,8 @@ from servesim.api import SimConfig, simulate
 from servesim.errors import ConfigError
 from servesim.planning import backends, grid as G, sweep as S
 from servesim.planning.evaluate import flatten, verdict
-from servesim.planning.maxrate import find_max_rate
-from servesim.planning.plan import PlanSpec, plan
+from servesim.planning.maxrate import search_max_rate
+from servesim.planning.plan import PlanSpec, run_plan as plan
 
 SLO = "ttft_p99=1s,tpot_p99=60ms"
 BASE = SimConfig(num_requests=200, slo=SLO)
@@ -52,7 +52,7 @@ def test_flatten_and_verdict():
 
 def test_sweep_table_one_row_per_point_and_knee():
     res = S.run_sweep(BASE, G.parse_grid(["tp=1,2"]), [2.0, 16.0])
-    df = res.table
+    df = res.points
     assert len(df) == 4 and list(df.point) == [0, 1, 2, 3] and (df.status == "ok").all()
     for col in ("ttft_ms_p99", "tpot_ms_p50", "throughput_output_tokens_per_s", "cost_usd_per_million_output_tokens",
                 "slo_ttft_p99_met", "utilization_mfu", "ttft_ms_ci95_p99_lo", "knee", "slo_met"):
@@ -64,11 +64,11 @@ def test_sweep_table_one_row_per_point_and_knee():
 
 def test_sweep_records_user_errors_and_infeasible_points():
     res = S.run_sweep(replace(BASE, model="llama-3.1-70b"), G.parse_grid(["tp=1,4"]), [1.0])
-    assert list(res.table.status) == ["infeasible", "ok"] and not res.errors
+    assert list(res.points.status) == ["infeasible", "ok"] and not res.errors
     res = S.run_sweep(replace(BASE, model="llama-3.1-70b"), G.parse_grid(["tp=1"]), [1.0])
     assert res.errors and "no feasible configuration" in res.first_error
     res = S.run_sweep(BASE, G.parse_grid(["num_gpu_blocks=4000,2"]), [1.0])
-    assert list(res.table.status) == ["ok", "error"] and "--num-gpu-blocks 2" in res.first_error
+    assert list(res.points.status) == ["ok", "error"] and "--num-gpu-blocks 2" in res.first_error
     with pytest.raises(ConfigError, match="gpu-memory-utilization"):   # checked before any point runs
         S.run_sweep(BASE, G.parse_grid(["gpu_memory_utilization=0.9,1.5"]), [1.0])
     with pytest.raises(ConfigError):
@@ -76,21 +76,21 @@ def test_sweep_records_user_errors_and_infeasible_points():
 
 
 def test_find_max_rate_bisection_is_tight():
-    row = find_max_rate(replace(BASE, rate=2.0), tol=0.05)
+    row = search_max_rate(replace(BASE, rate=2.0), tol=0.05)
     lo, hi = row["max_rate"], row["first_failing_rate"]
     assert row["status"] == "ok" and lo < hi <= lo * 1.05 + 1e-9
     assert verdict(simulate(replace(BASE, rate=lo)).summary)[0]
     assert not verdict(simulate(replace(BASE, rate=hi)).summary)[0]
     assert row["cost_usd_per_million_output_tokens"] > 0
-    none = find_max_rate(replace(BASE, rate=1.0, slo="tpot_p99=1ms"))
+    none = search_max_rate(replace(BASE, rate=1.0, slo="tpot_p99=1ms"))
     assert none["max_rate"] is None and none["status"] == "no_rate" and "tpot_p99" in none["limited_by"]
 
 
 def test_local_pool_matches_serial():
     g = G.parse_grid(["tp=1,2"])
-    serial = S.run_sweep(BASE, g, [2.0, 8.0]).table
+    serial = S.run_sweep(BASE, g, [2.0, 8.0]).points
     with backends.LocalBackend(2) as be:
-        pooled = S.run_sweep(BASE, g, [2.0, 8.0], be).table
+        pooled = S.run_sweep(BASE, g, [2.0, 8.0], be).points
     pd.testing.assert_frame_equal(serial, pooled)
 
 
@@ -98,12 +98,12 @@ def test_local_pool_matches_serial():
 def test_dask_backend_matches_local(processes):
     distributed = pytest.importorskip("dask.distributed")
     g = G.parse_grid(["tp=1,2"])
-    local = S.run_max_rate(BASE, g, tol=0.2).table
+    local = S.run_max_rate(BASE, g, tol=0.2).points
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=processes,
                                   dashboard_address=None) as cluster:
         with backends.make_backend(cluster.scheduler_address) as be:
             assert be.name == "dask"
-            remote = S.run_max_rate(BASE, g, be, tol=0.2).table
+            remote = S.run_max_rate(BASE, g, be, tol=0.2).points
     pd.testing.assert_frame_equal(local, remote)
 
 
@@ -143,7 +143,7 @@ def test_plan_best_is_honest(small_plan):
         else:
             assert not verdict(simulate(fewer).summary, spec.margin)[0]
     # cheapest among those meeting the SLO
-    meeting = [c for c in res.candidates if c["status"] == "meets_slo"]
+    meeting = [c for c in res.summary["candidates"] if c["status"] == "meets_slo"]
     assert b["usd_per_hour"] == min(c["usd_per_hour"] for c in meeting)
     # capacity: the deployment sustains its simulated maximum rate, and saturates 25% above it (in runs
     # of the capacity search's length: at least twice the batch slots, `long_enough`)
@@ -169,7 +169,7 @@ def test_plan_prunes_by_bounds_and_explains_failure():
     spec = PlanSpec(base=replace(PLAN_BASE, slo="tpot_p99=2ms"), hardware=("h100-sxm",), tps=(1,), max_replicas=4)
     res = plan(spec)
     assert res.best is None and res.simulations == 0
-    assert res.candidates[0]["status"] == "pruned" and "tpot_p99 floor" in res.why_not
+    assert res.summary["candidates"][0]["status"] == "pruned" and "tpot_p99 floor" in res.why_not
     spec = PlanSpec(base=replace(PLAN_BASE, slo="ttft_p99=1s,tpot_p99=60ms", rate=200.0),
                     hardware=("h100-sxm",), tps=(1,), max_replicas=2, exhaustive=True)
     res = plan(spec)
@@ -201,6 +201,6 @@ def test_plan_skips_a_dtype_the_chip_cannot_run():
     """fp8 on an A100 (no fp8 tensor cores) is an infeasible layout of the search, not an error."""
     spec = PlanSpec(base=PLAN_BASE, hardware=("a100-sxm-80gb",), dtypes=("bf16", "fp8"), tps=(1,), max_replicas=4)
     res = plan(spec)
-    by_dtype = {c["dtype"]: c for c in res.candidates}
+    by_dtype = {c["dtype"]: c for c in res.summary["candidates"]}
     assert by_dtype["fp8"]["status"] == "infeasible" and "fp8 tensor cores" in by_dtype["fp8"]["reason"]
     assert by_dtype["bf16"]["status"] != "infeasible"

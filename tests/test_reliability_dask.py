@@ -94,7 +94,7 @@ def test_all_workers_lost_ends_after_the_timeout_keeping_finished_points(threads
 
 def test_one_of_two_workers_lost_gives_identical_output(threads_cluster):
     g = G.parse_grid(["tp=1,2"])
-    serial = S.run_sweep(BASE, g, [2.0, 6.0, 10.0]).table
+    serial = S.run_sweep(BASE, g, [2.0, 6.0, 10.0]).points
     seen = []
 
     def progress(n):
@@ -103,7 +103,7 @@ def test_one_of_two_workers_lost_gives_identical_output(threads_cluster):
             threads_cluster.scale(1)          # one worker leaves; the scheduler reruns its tasks
 
     with backends.make_backend(threads_cluster.scheduler_address, dask_timeout=10) as be:
-        remote = S.run_sweep(BASE, g, [2.0, 6.0, 10.0], be, progress=progress).table
+        remote = S.run_sweep(BASE, g, [2.0, 6.0, 10.0], be, progress=progress).points
     pd.testing.assert_frame_equal(serial, remote)
 
 

@@ -2,7 +2,7 @@
 
 The maximum sustainable rate is simulated, not bounded: the highest arrival rate whose run is not
 saturated (the waiting queue does not grow, `metrics` saturation verdict) and rejects nothing,
-found by `maxrate.find_max_rate` with no SLO (bracketing from the offered rate, then bisection to
+found by `maxrate.search_max_rate` with no SLO (bracketing from the offered rate, then bisection to
 within `tol`). capacity_headroom = 1 - offered / max sustainable rate, i.e. 1 - rho with rho the
 utilisation lambda / mu of a single-server queue (Kleinrock 1975, vol. 1, sec. 2.1); it is the
 share of the deployment's throughput capacity the load leaves unused. `busy_fraction` cannot say
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .maxrate import find_max_rate
+from .maxrate import search_max_rate
 
 TOL = 0.05
 REQUESTS_PER_SLOT = 2     # the search's runs hold at least this many requests per batch slot
@@ -42,7 +42,7 @@ def capacity(cfg, offered_rate: float, tol: float = TOL) -> dict:
     'simulations', 'limited_by'} of the deployment `cfg` (a SimConfig) at `offered_rate` req/s
     (runs of at least `long_enough` requests). `max_sustainable_rate` is None (and the headroom too)
     when no rate is sustainable."""
-    row = find_max_rate(replace(long_enough(cfg), slo=None), tol=tol, start=offered_rate)
+    row = search_max_rate(replace(long_enough(cfg), slo=None), tol=tol, start=offered_rate)
     top = row["max_rate"]
     return {"offered_rate": offered_rate, "max_sustainable_rate": top,
             "first_saturated_rate": row["first_failing_rate"],

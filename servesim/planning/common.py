@@ -2,7 +2,7 @@
 type, the workload's lengths, a simulated candidate and its metrics, fit provenance columns."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -11,17 +11,56 @@ from .evaluate import simulate_summary, verdict
 LATENCY_SLACK = 0.95    # latency floors are compared after this factor
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanResult:
-    best: dict | None
-    candidates: list
-    why_not: str | None
-    simulations: int
-    space_size: int
+    """What `plan.run_plan` (and so `servesim.plan`, `servesim plan`) returns.
 
-    def as_dict(self) -> dict:
-        return {"best": self.best, "candidates": self.candidates, "why_not": self.why_not,
-                "simulations": self.simulations, "search_space": self.space_size}
+    Attributes
+    ----------
+    best : dict or None
+        The cheapest deployment meeting every SLO, checked on another seed and with one replica
+        fewer: hardware, dtype, tp, pp, replicas, num_gpus, usd_per_hour,
+        usd_per_million_output_tokens, headroom, cost_split, checks, metrics (and daily with
+        ``daily_rates``). None when nothing meets (`servesim.plan` then raises InfeasibleError).
+    candidates : pandas.DataFrame
+        Every layout searched, best first, one flat row each (``candidates.csv``).
+    summary : dict
+        The whole plan as ``servesim plan --format json`` prints it (``plan.json``): ``best``,
+        ``candidates`` (the rows with their nested blocks), ``why_not``, ``simulations``, ``search_space``.
+    """
+    best: dict | None
+    candidates: object      # pandas.DataFrame
+    summary: dict = field(repr=False)
+
+    @property
+    def why_not(self) -> str | None:
+        return self.summary.get("why_not")
+
+    @property
+    def simulations(self) -> int:
+        return self.summary["simulations"]
+
+    def to_json(self) -> str:
+        from ..outputs.jsonout import dumps
+        return dumps(self.summary)
+
+
+def plan_result(best, rows: list, why: str | None, simulations: int, space: int, *, hardware_given: bool,
+                disaggregated: bool) -> PlanResult:
+    """A search's result as a `PlanResult`; with no hardware given, only the profiles that can hold the
+    model are listed."""
+    import pandas as pd
+    cands = rows
+    if not hardware_given:   # a P:D row names both roles' hardware, joined by +
+        fits = {h for c in cands if c["status"] != "infeasible" for h in str(c["hardware"]).split("+")}
+        cands = [c for c in cands if all(h in fits for h in str(c["hardware"]).split("+"))]
+    flat = [{k: v for k, v in c.items() if not isinstance(v, dict)} for c in cands]
+    if disaggregated:  # one type per column: pools as text, TP/PP as "prefill+decode" text
+        flat = [{k: (" ".join(v) if isinstance(v, list) else str(v) if k in ("tp", "pp") else v)
+                 for k, v in r.items()} for r in flat]
+    summary = {"best": best, "candidates": cands, "why_not": why, "simulations": simulations,
+               "search_space": space}
+    return PlanResult(best, pd.DataFrame(flat), summary)
 
 
 def _lengths(base):

@@ -42,7 +42,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import ConfigError, InfeasibleError
-from .common import LATENCY_SLACK, PlanResult, _lengths, _metrics, _quantile, _sim, borrowed_row, fit_columns
+from .common import LATENCY_SLACK, _lengths, _metrics, _quantile, _sim, borrowed_row, fit_columns
 
 NEIGHBOURHOOD = (-1, 0, 1, 2)
 ROLES = ("prefill", "decode")
@@ -346,8 +346,8 @@ def _cost_key(S, c):
 
 
 def plan_disaggregated(spec, base, rate: float, backend, progress=None):
-    """The P:D plan of a checked base at `rate` -> plan.PlanResult (best, candidates, why_not,
-    simulations, search space)."""
+    """The P:D plan of a checked base at `rate` -> (best, candidates, why_not, simulations, search
+    space), made a `common.PlanResult` by `plan.run_plan`."""
     from ..config import list_hardware
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
@@ -436,7 +436,7 @@ def plan_disaggregated(spec, base, rate: float, backend, progress=None):
     if best is not None:
         out = _best(S, best, spec, base, rate, per_role, len(cands))
     why = None if best else why_not(rows, rate, per_role)
-    return PlanResult(out, rows, why, S.sims + (out or {}).get("capacity_simulations", 0), len(cands))
+    return out, rows, why, S.sims + (out or {}).get("capacity_simulations", 0), len(cands)
 
 
 def _best(S, c, spec, base, rate, per_role, n_cands) -> dict:

@@ -18,10 +18,12 @@ MAX_STEPS = 12
 def max_rate_task(arg) -> dict:
     """Task: (index, SimConfig with .slo, tol, margin) -> one flat row for that grid point."""
     index, cfg, tol, margin = arg
-    return find_max_rate(cfg, tol=tol, margin=margin) | {"point": index}
+    return search_max_rate(cfg, tol=tol, margin=margin) | {"point": index}
 
 
-def find_max_rate(cfg, tol: float = 0.05, margin: float = 0.0, start: float | None = None) -> dict:
+def search_max_rate(cfg, tol: float = 0.05, margin: float = 0.0, start: float | None = None) -> dict:
+    """The highest rate of one configuration ``cfg`` meeting its SLOs (`servesim.find_max_rate` runs it
+    per grid point): one flat row, ``max_rate``, ``first_failing_rate``, ``limited_by``, ``simulations``."""
     from ..options import default_rate
     from ..workload import load_workload
     sims = 0

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import ConfigError, InfeasibleError
 from ..engine.budget import check_points
 from .backends import Backend
-from .common import (LATENCY_SLACK, PlanResult, _lengths, _metrics, _quantile, _sim,  # noqa: F401 (also read from here)
+from .common import (LATENCY_SLACK, PlanResult, _lengths, plan_result, _metrics, _quantile, _sim,  # noqa: F401 (also read from here)
                      borrowed_row, fit_columns)
 
 SLACK = 1.25            # the capacity bound is optimistic by design; this keeps it a bound
@@ -219,13 +219,15 @@ def effective_margin(margin: float, model_margin: float) -> float:
     return 1.0 - (1.0 - margin) / (1.0 + model_margin)
 
 
-def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanResult:
+def run_plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanResult:
+    """The cheapest deployment of ``spec`` meeting its SLOs, and every candidate searched."""
     from ..checks import check_sim_config
     from ..config import list_hardware
     from ..options import default_rate
     from ..workload import load_workload
     backend = backend or Backend()
     base = check_sim_config(spec.base)     # the edge: the SLO parsed once, every option checked
+    shown = dict(hardware_given=bool(spec.hardware), disaggregated=bool(spec.disaggregated))
     slo = base.slo
     if not slo:
         raise ConfigError("plan needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
@@ -249,9 +251,9 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     base = replace(base, rate=rate)
     if spec.disaggregated:
         from .disagg import plan_disaggregated
-        res = plan_disaggregated(spec, base, rate, backend, progress)
-        _margins(res.best, slo_margin, spec)
-        return res
+        best, rows, why, sims, space = plan_disaggregated(spec, base, rate, backend, progress)
+        _margins(best, slo_margin, spec)
+        return plan_result(best, rows, why, sims, space, **shown)
     hardware = spec.hardware or tuple(list_hardware())
     spec = replace(spec, hardware=hardware)
     prompt, output = _lengths(base)
@@ -331,7 +333,7 @@ def plan(spec: PlanSpec, backend: Backend | None = None, progress=None) -> PlanR
     if best is not None and len(spec.speculatives) > 1:
         gain = functools.partial(speculation_gain, base=base, prompt=prompt, output=output)
         best["speculation"] = speculation_note(best, candidates, rate, gain)
-    return PlanResult(best, candidates, why, n_sims + n_extra, space)
+    return plan_result(best, candidates, why, n_sims + n_extra, space, **shown)
 
 
 def speculation_gain(c: dict, base, prompt, output) -> tuple[float, float]:

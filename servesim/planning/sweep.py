@@ -1,9 +1,7 @@
 """`servesim sweep`: every (grid point x rate) a full simulation; a tidy table, one row per point."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import pandas as pd
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .backends import Backend
@@ -14,16 +12,51 @@ from .maxrate import max_rate_task
 KNEE_FACTOR = 2.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class SweepResult:
-    table: pd.DataFrame
-    grid_keys: list
-    errors: list = field(default_factory=list)   # (point, message) of user errors, in point order
-    mode: str = "sweep"                           # or "max-rate"
+    """What `run_sweep` / `run_max_rate` (and so `servesim.sweep`, `servesim.find_max_rate`) return.
+
+    Attributes
+    ----------
+    points : pandas.DataFrame
+        One row per point (grid point x rate for a sweep; grid point for a max-rate search):
+        ``point``, ``status`` (ok, error, infeasible, no_rate), ``error``, the point's options, then
+        every summary metric flattened (``ttft_ms_p99``, ``goodput_requests_per_s``, ...); a sweep adds
+        ``knee``, a max-rate search ``max_rate``, ``first_failing_rate``, ``limited_by``, ``simulations``.
+    grid : tuple of str
+        The grid keys, in the order given.
+    errors : tuple of (int, str)
+        User errors found while running a point: (point index, message), in point order.
+    mode : str
+        ``"sweep"`` or ``"max-rate"``.
+    """
+    points: object      # pandas.DataFrame (pandas loads with the first result, not with `import servesim`)
+    grid: tuple = ()
+    errors: tuple = ()
+    mode: str = "sweep"
 
     @property
     def first_error(self) -> str | None:
         return self.errors[0][1] if self.errors else None
+
+    @property
+    def summary(self) -> dict:
+        """Counts of points per status, the grid keys and the errors."""
+        counts = self.points["status"].value_counts().to_dict() if len(self.points) else {}
+        return {"mode": self.mode, "grid": list(self.grid), "num_points": len(self.points),
+                "status": {str(k): int(v) for k, v in counts.items()},
+                "errors": [{"point": p, "message": m} for p, m in self.errors]}
+
+    def as_dict(self, files=()) -> dict:
+        from ..outputs.jsonout import records
+        return {"mode": self.mode, "grid": list(self.grid), "points": records(self.points),
+                "errors": [{"point": p, "message": m} for p, m in self.errors],
+                "files": [str(p) for p in files]}
+
+    def to_json(self, files=()) -> str:
+        """The JSON of ``servesim sweep --format json`` (``files``: what ``-o`` wrote)."""
+        from ..outputs.jsonout import dumps
+        return dumps(self.as_dict(files))
 
 
 def validate_base(base, grid) -> None:
@@ -41,7 +74,8 @@ def validate_base(base, grid) -> None:
             resolve(point)
 
 
-def _table(rows: list[dict]) -> pd.DataFrame:
+def _table(rows: list[dict]):
+    import pandas as pd
     df = pd.DataFrame(rows)
     cols = [c for c in LEAD if c in df.columns] + [c for c in df.columns if c not in LEAD]
     return df[cols].sort_values("point", kind="stable").reset_index(drop=True)
@@ -50,10 +84,9 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 def _collect(rows, grid_keys, mode) -> SweepResult:
     df = _table(rows)
     errors = [(int(r.point), r.error) for r in df.itertuples() if r.status == "error"]
-    res = SweepResult(df, grid_keys, errors, mode)
     if not errors and len(df) and (df.status == "infeasible").all():
-        res.errors.append((0, "no feasible configuration in the grid: " + df.error.iloc[0]))
-    return res
+        errors.append((0, "no feasible configuration in the grid: " + df.error.iloc[0]))
+    return SweepResult(df, tuple(grid_keys), tuple(errors), mode)
 
 
 def run_sweep(base, grid, rates, backend: Backend | None = None, progress=None) -> SweepResult:
@@ -63,14 +96,14 @@ def run_sweep(base, grid, rates, backend: Backend | None = None, progress=None) 
     backend = backend or Backend()
     rows = backend.map(point_row, list(enumerate(points)), progress)
     res = _collect(rows, [k for k, _ in grid], "sweep")
-    if rates is not None and len(res.table):
-        res.table["knee"] = knee_flags(res.table, res.grid_keys)
+    if rates is not None and len(res.points):
+        res.points["knee"] = knee_flags(res.points, list(res.grid))
     return res
 
 
 def run_max_rate(base, grid, backend: Backend | None = None, tol: float = 0.05, margin: float = 0.0,
                  progress=None) -> SweepResult:
-    """Per grid point, the highest sustainable rate meeting the SLOs (`maxrate.find_max_rate`)."""
+    """Per grid point, the highest sustainable rate meeting the SLOs (`maxrate.search_max_rate`)."""
     if not base.slo:
         raise ConfigError("--find-max-rate needs --slo, e.g. --slo ttft_p99=1s,tpot_p99=60ms")
     if base.offline or base.concurrency is not None:
@@ -84,10 +117,11 @@ def run_max_rate(base, grid, backend: Backend | None = None, tol: float = 0.05, 
     return _collect(rows, [k for k, _ in grid], "max-rate")
 
 
-def knee_flags(df: pd.DataFrame, grid_keys) -> pd.Series:
+def knee_flags(df, grid_keys):
     """Per grid combination, True at the knee: the highest rate whose TTFT p99 is still within
     KNEE_FACTOR x its value at the lowest rate swept and that is not saturated (the end of the flat
     region of the latency-load curve)."""
+    import pandas as pd
     flags = pd.Series(False, index=df.index)
     if "ttft_ms_p99" not in df.columns:
         return flags
@@ -104,7 +138,7 @@ def knee_flags(df: pd.DataFrame, grid_keys) -> pd.Series:
     return flags
 
 
-def write_table(df: pd.DataFrame, outdir, stem: str = "sweep") -> list:
+def write_table(df, outdir, stem: str = "sweep") -> list:
     from pathlib import Path
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)

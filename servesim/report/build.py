@@ -2,7 +2,7 @@
 
 Sections and the library function behind each:
 
-- cheapest configurations meeting the SLO: `planning.plan.plan` at the target rate, once per
+- cheapest configurations meeting the SLO: `planning.plan.run_plan` at the target rate, once per
   hardware (each hardware's cheapest deployment, checked on a second seed, with its simulated
   capacity headroom); the cheapest of these is the report's answer;
 - latency / throughput vs load: `planning.sweep.run_sweep` on one replica of each hardware's
@@ -128,7 +128,7 @@ def sweep_section(base, tps: dict, rates) -> pd.DataFrame:
         res = run_sweep(replace(base, hardware=hw, tp=tp), [], list(rates))
         if res.first_error:
             raise ConfigError(res.first_error)
-        frames.append(res.table)
+        frames.append(res.points)
     df = pd.concat(frames, ignore_index=True)
     df["point"] = range(len(df))
     return df
@@ -162,8 +162,8 @@ def breakdown_section(base, tps: dict, rate: float, isl: float, osl: float) -> t
 
 def plan_section(base, hardware, rate: float, max_gpus: int, dtype: str) -> dict:
     """{hardware: PlanResult}: each hardware's cheapest deployment meeting the SLO at `rate`."""
-    from ..planning.plan import PlanSpec, plan
-    return {h: plan(PlanSpec(base=replace(base, rate=rate), hardware=(h,), dtypes=(dtype,), max_gpus=max_gpus))
+    from ..planning.plan import PlanSpec, run_plan
+    return {h: run_plan(PlanSpec(base=replace(base, rate=rate), hardware=(h,), dtypes=(dtype,), max_gpus=max_gpus))
             for h in hardware}
 
 
@@ -290,7 +290,7 @@ def build_report(spec: ReportSpec, outdir, command: str | None = None, progress=
     brk, bsizes = breakdown_section(base, tps, rate, isl, osl)
     brk.to_csv(out / "breakdown.csv", index=False)
     brk_png = figures.breakdown_figure(brk, out / "breakdown.png").name
-    candidates = sorted((c for p in plans.values() for c in p.candidates), key=_candidate_order)
+    candidates = sorted((c for p in plans.values() for c in p.summary["candidates"]), key=_candidate_order)
     n_plan_sims = sum(p.simulations for p in plans.values())
     cand = pd.DataFrame([{k: v for k, v in c.items() if k not in ("metrics", "cost_split", "checks")}
                          for c in candidates])

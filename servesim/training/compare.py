@@ -3,7 +3,7 @@
 Training: the fastest layout that fits on ``gpus`` GPUs (``search_layouts``); wall time =
 train_tokens / tokens_per_s; GPU-hours = wall time x GPUs; $ = GPU-hours x the profile's
 $/GPU-hour. Serving: the cheapest deployment on that hardware that meets the SLO at the given load
-(``servesim.planning.plan``: TP 1, 2, 4, 8 or the given one, replicas up to ``max_gpus``, checked
+(``servesim.planning.plan.run_plan``: TP 1, 2, 4, 8 or the given one, replicas up to ``max_gpus``, checked
 on a second seed), $ per million tokens = its $/h / (tokens/s x 3600) x 1e6 (servesim.metrics).
 Break-even: the served tokens whose serving spend equals the training spend,
 train_usd / usd_per_million x 1e6. A hardware on which nothing meets the SLO has no serving price.
@@ -47,8 +47,8 @@ def serving_cost(model: str, hardware: str, tp: int | None, *, dtype: str = "bf1
                  backend=None, **sim) -> dict:
     """The cheapest deployment of `model` on `hardware` meeting `sim['slo']` at `sim['rate']`."""
     from servesim.api import SimConfig
-    from servesim.planning.plan import PlanSpec, plan
-    res = plan(PlanSpec(base=SimConfig(model=model, **sim), hardware=(hardware,), dtypes=(dtype,),
+    from servesim.planning.plan import PlanSpec, run_plan
+    res = run_plan(PlanSpec(base=SimConfig(model=model, **sim), hardware=(hardware,), dtypes=(dtype,),
                         tps=(tp,) if tp else (1, 2, 4, 8), max_gpus=max_gpus), backend)
     return serving_row(res.best, res.why_not)
 

@@ -155,7 +155,7 @@ def execute_sweep(spec: SweepSpec, backend, progress=None) -> SweepResult:
         res = S.run_max_rate(spec.base, spec.grid, be, tol=spec.tolerance, margin=spec.margin, progress=progress)
     else:
         res = S.run_sweep(spec.base, spec.grid, spec.rates, be, progress=progress)
-    return SweepResult(res.table, tuple(res.grid_keys), tuple(res.errors), res.mode)
+    return res
 
 
 def sweep_error(result: SweepResult, where: str = "") -> ConfigError | None:

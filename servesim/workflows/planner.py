@@ -105,20 +105,9 @@ def prepare_plan(base, *, hardware=None, dtype="bf16", tp="1,2,4,8", pp="1", max
 
 
 def execute_plan(spec, backend, progress=None) -> PlanResult:
-    """Run a prepared plan; with no hardware given, only the profiles that can hold the model are listed."""
-    import pandas as pd
-    from ..planning.plan import plan as run_plan
-    res = run_plan(spec, backend, progress=progress)
-    cands = res.candidates
-    if not spec.hardware:   # a P:D row names both roles' hardware, joined by +
-        fits = {h for c in cands if c["status"] != "infeasible" for h in str(c["hardware"]).split("+")}
-        cands = [c for c in cands if all(h in fits for h in str(c["hardware"]).split("+"))]
-    rows = [{k: v for k, v in c.items() if not isinstance(v, dict)} for c in cands]
-    if spec.disaggregated:  # one type per column: pools as text, TP/PP as "prefill+decode" text
-        rows = [{k: (" ".join(v) if isinstance(v, list) else str(v) if k in ("tp", "pp") else v)
-                 for k, v in r.items()} for r in rows]
-    flat = pd.DataFrame(rows)
-    return PlanResult(res.best, flat, res.as_dict() | {"candidates": cands})
+    """Run a prepared plan (`planning.plan.run_plan`)."""
+    from ..planning.plan import run_plan
+    return run_plan(spec, backend, progress=progress)
 
 
 def plan_error(result: PlanResult) -> InfeasibleError | None:

@@ -1,100 +1,20 @@
 """Typed results of the Python API: small frozen dataclasses, a summary dict and pandas frames.
 
-Each ``to_json()`` is exactly what the matching command prints with ``--format json``.
+Each ``to_json()`` is exactly what the matching command prints with ``--format json``. `SweepResult`
+and `PlanResult` are defined where they are made (`planning.sweep`, `planning.common`) and read here.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:   # pandas loads with the first result, not with `import servesim`
     import pandas as pd
 
 
-def records(df: pd.DataFrame) -> list[dict]:
-    """A frame as JSON-ready records (NaN -> None, numpy scalars -> Python), as the CLI prints them."""
-    return json.loads(df.to_json(orient="records"))
-
-
-def _plain(x):
-    import numpy as np
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return x.item()
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, default=_plain)
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    """What `servesim.sweep` and `servesim.find_max_rate` return.
-
-    Attributes
-    ----------
-    points : pandas.DataFrame
-        One row per point (grid point x rate for a sweep; grid point for a max-rate search):
-        ``point``, ``status`` (ok, error, infeasible, no_rate), ``error``, the point's options, then
-        every summary metric flattened (``ttft_ms_p99``, ``goodput_requests_per_s``, ...); a sweep adds
-        ``knee``, a max-rate search ``max_rate``, ``first_failing_rate``, ``limited_by``, ``simulations``.
-    grid : tuple of str
-        The grid keys, in the order given.
-    errors : tuple of (int, str)
-        User errors found while running a point: (point index, message).
-    mode : str
-        ``"sweep"`` or ``"max-rate"``.
-    """
-    points: pd.DataFrame
-    grid: tuple = ()
-    errors: tuple = ()
-    mode: str = "sweep"
-
-    @property
-    def summary(self) -> dict:
-        """Counts of points per status, the grid keys and the errors."""
-        counts = self.points["status"].value_counts().to_dict() if len(self.points) else {}
-        return {"mode": self.mode, "grid": list(self.grid), "num_points": len(self.points),
-                "status": {str(k): int(v) for k, v in counts.items()},
-                "errors": [{"point": p, "message": m} for p, m in self.errors]}
-
-    def as_dict(self, files=()) -> dict:
-        return {"mode": self.mode, "grid": list(self.grid), "points": records(self.points),
-                "errors": [{"point": p, "message": m} for p, m in self.errors],
-                "files": [str(p) for p in files]}
-
-    def to_json(self, files=()) -> str:
-        """The JSON of ``servesim sweep --format json`` (``files``: what ``-o`` wrote)."""
-        return dumps(self.as_dict(files))
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """What `servesim.plan` returns.
-
-    Attributes
-    ----------
-    best : dict or None
-        The cheapest deployment meeting every SLO, checked on another seed and with one replica
-        fewer: hardware, dtype, tp, pp, replicas, num_gpus, usd_per_hour,
-        usd_per_million_output_tokens, headroom, cost_split, checks, metrics (and daily with
-        ``daily_rates``). None when nothing meets (`plan` then raises InfeasibleError).
-    candidates : pandas.DataFrame
-        Every layout searched, best first, one flat row each (``candidates.csv``).
-    summary : dict
-        The whole plan as ``servesim plan --format json`` prints it (``plan.json``).
-    """
-    best: dict | None
-    candidates: pd.DataFrame
-    summary: dict = field(repr=False)
-
-    @property
-    def why_not(self) -> str | None:
-        return self.summary.get("why_not")
-
-    def to_json(self) -> str:
-        return dumps(self.summary)
+from ..outputs.jsonout import dumps, records  # noqa: E402,F401  (the JSON of every result)
+from ..planning.common import PlanResult  # noqa: E402,F401  (defined once, with the plan)
+from ..planning.sweep import SweepResult  # noqa: E402,F401  (defined once, with the sweep)
 
 
 @dataclass(frozen=True)
