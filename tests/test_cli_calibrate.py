@@ -167,6 +167,7 @@ def test_validate_quick_table_and_check(tmp_path):
     assert set(summary["suite"]) == {"serving", "vllm", "training"}
 
 
+@pytest.mark.slow     # the training suite around the user's rows, ~8 CPU s
 def test_validate_user_csv_check_fails(tmp_path):
     from servesim.calibrate.serving import DATA as SERVING
     df = pd.read_csv(SERVING)
