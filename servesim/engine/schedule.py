@@ -273,7 +273,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     return nb, swap_s
 
 
-@njit(inline="always", **HANDLER)
+@njit(**HANDLER)
 def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
     """Admit waiting requests in FCFS order into the step's members after its first ``nb`` (``budget``
     tokens left); returns (members, swap s). Async scheduling (vLLM V1, host work overlapping the
