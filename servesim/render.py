@@ -216,6 +216,11 @@ def summary_table(s: dict) -> str:
             lines.append(f"{'  model 80%':<14}{_ci(me):>14}")
     if any("?" in line for line in lines if line.startswith("  95% CI")):
         lines.append("  (? : a bound too few requests can give; run more requests for it)")
+    if s.get("stream"):     # a streamed run: percentiles from log-binned histograms (metrics_stream.py)
+        st = s["stream"]
+        lines.append(f"  (streamed: percentiles within {100 * st['quantile_relative_error']:.1f}% of the exact ones, "
+                     f"from log-binned histograms; records: {st['records'] or 'not kept'})")
+        lines.append(f"  (95% CI: {st['ci']})")
     if s.get("stages"):
         lines += _stage_lines(s["stages"])
     t, u, cost = s["throughput"], s["utilization"], s["cost"]

@@ -158,6 +158,9 @@ def test_streamed_summary_matches_the_exact_one():
         elo, ehi = exact.summary[m]["ci95"]["mean"]
         assert lo < streamed.summary[m]["mean"] < hi and (hi - lo) == pytest.approx(ehi - elo, rel=0.5)
     assert servesim.simulate(stream=True, **kw).to_json() == streamed.to_json()      # deterministic
+    from servesim.render import summary_table
+    assert "(streamed: percentiles within 0.5% of the exact ones" in summary_table(streamed.summary)
+    assert "streamed" not in summary_table(exact.summary)
 
 
 def test_streamed_overload_is_saturated():
