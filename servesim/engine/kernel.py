@@ -63,9 +63,12 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     use_flow = pd or bool(np.any(chains.next_turn >= 0))
     union = (use_cache or use_flow) and os.environ.get("SERVESIM_KERNEL_UNION") == "1"
     if union:
-        # a run with either gets both (the unused one stays empty: the same records, checked by
-        # tests/test_golden.py both ways); the test suite sets it, so three specialisations compile as one
-        use_cache = use_flow = True
+        # a run with either gets both, the unused one empty (the same records: tests/test_golden.py checks
+        # both ways); the test suite sets it, so three specialisations compile as one. A cache is added
+        # only where no chain lists a block: one present would register and look up chains that a run
+        # with prefix caching off ignores.
+        use_flow = True
+        use_cache = use_cache or chains.ids.shape[0] == 0
     cache = new_cache(cfg, pools, ctr, room=union) if use_cache else None
     flow = new_flow(n, pd) if use_flow else None
     log = new_log(cfg.log_size)
