@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 from ..version import __version__
@@ -99,14 +98,8 @@ class PointStore:
             return None      # absent, or unreadable: run the point again
 
     def put(self, key: str, row: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / f".{key}.{os.getpid()}.partial"
-        try:
-            tmp.write_text(json.dumps(row, default=_json_default) + "\n")
-            os.replace(tmp, self.path(key))
-        except BaseException:        # an interrupt mid-write (SIGTERM raises here) leaves no partial file
-            tmp.unlink(missing_ok=True)
-            raise
+        from ..outputs.atomic import write_text_atomic   # no partial file on an interrupt mid-write
+        write_text_atomic(self.path(key), json.dumps(row, default=_json_default) + "\n")
 
     def count(self) -> int:
         return sum(1 for _ in self.folder.glob("*.json")) if self.folder.is_dir() else 0
