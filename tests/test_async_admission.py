@@ -34,12 +34,13 @@ def test_a_request_arriving_during_a_step_waits_one_step_more(rc):
     for overlap, steps in ((0.0, 2), (1.0, 3)):
         p = rc.params._replace(host_overlap=overlap)
         P = iteration_components_nb(p, 64.0, 1.0, 1.0, 64 * 65 / 2.0, 64.0, 0.0, 0.0).latency
-        D = iteration_components_nb(p, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 65.0).latency
-        # (A's context grows by a token a step; at 64 + a few tokens the step time is the same to 1e-5)
-        start = P + steps * D
-        out, ref = _run(rc, overlap, [0.0, P + 1.5 * D], [64, 64], [50, 5])
+        def D(ctx):   # a decode step of A alone over ctx cached tokens
+            return iteration_components_nb(p, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx).latency
+        # A's context grows by a token a step (its KV read grows with it)
+        start = P + sum(D(65.0 + i) for i in range(steps))
+        out, ref = _run(rc, overlap, [0.0, P + D(65.0) + 0.5 * D(66.0)], [64, 64], [50, 5])
         assert out.scheduled[0] == 0.0
-        assert out.scheduled[1] == pytest.approx(start, rel=1e-5), overlap
+        assert out.scheduled[1] == pytest.approx(start, rel=1e-9), overlap
         np.testing.assert_array_equal(out.scheduled, ref["scheduled"])
         np.testing.assert_array_equal(out.finish, ref["finish"])
 

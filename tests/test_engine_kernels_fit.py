@@ -70,9 +70,10 @@ def test_attention_fits_recover_known_parameters():
     pf["time_s"] = ek.predict_prefill(pf, H100, true_p)
     close(quiet(ek.fit_prefill, pf, H100), true_p)
     df = pd.DataFrame([{"seqs": float(b), "kv_tokens": float(b * t), "heads": float(h), "kv_heads": float(kv),
-                        "kv_bytes": 2.0} for b in (1, 16, 256, 2048) for t in (2, 128, 4096, 65536)
-                       for h, kv in ((8, 1), (32, 8))])
-    true_d = {"attn_decode_hbm_fraction": 0.9, "attn_decode_block_us": 3.0, "attn_decode_latency_us": 11.0}
+                        "kv_bytes": 2.0} for b in (1, 4, 16, 256, 2048) for t in (2, 128, 4096, 65536)
+                       for h, kv in ((4, 1), (8, 2), (32, 8))])
+    true_d = {"attn_decode_hbm_fraction": 0.9, "attn_decode_block_us": 3.0, "attn_decode_latency_us": 11.0,
+              "attn_decode_split_us": 2.0, "attn_decode_split_seqs": 16.0, "attn_decode_block_GBps": 60.0}
     df["time_s"] = ek.predict_decode(df, H100, true_d)
     close(quiet(ek.fit_decode, df, H100), true_d)
 

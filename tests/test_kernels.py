@@ -188,6 +188,44 @@ def test_decode_attention_is_linear_in_kv_tokens():
     assert t(0.0) == pytest.approx(base, rel=1e-12)
 
 
+
+def test_decode_split_kv_is_sized_by_sequences_not_kv_heads():
+    # 8 sequences x 1 KV head and 1 sequence x 8 KV heads read the same bytes at 4,096 keys each;
+    # split_seqs 16: 16 / 8 = 2 splits per sequence (16 blocks) against min(16, 4096 / 128) = 16 splits
+    # of the one sequence (8 x 16 = 128 blocks); at 60 GB/s a block, 16 blocks read 0.96 TB/s
+    frac, blk, lat, split, sseq, bbw = 0.95, 3e-6, 1e-5, 2e-6, 16.0, 60e9
+    assert kn.decode_splits_nb(8.0, 8 * 4096.0, sseq) == 2.0
+    assert kn.decode_splits_nb(1.0, 4096.0, sseq) == 16.0
+    assert kn.decode_splits_nb(1.0, 1024.0, sseq) == 8.0          # 1,024 keys: 8 chunks of 128
+    assert kn.decode_splits_nb(64.0, 64 * 4096.0, sseq) == 1.0     # never below one split
+    assert kn.decode_splits_nb(8.0, 8 * 4096.0, 0.0) == 32.0       # 0: every 128-key chunk
+
+    def t(seqs, kv):
+        return kn.decode_attention_time_nb(seqs, seqs * 4096.0, 4.0 * kv, kv, 128.0, 2.0, 2.0, BW, float(SMS),
+                                           frac, blk, lat, split, sseq, bbw)
+    kv_bytes = 8 * 4096 * 2 * 128 * 2
+    q_bytes = 8 * 2 * 4 * 128 * 2          # q in, o out: 8 (sequence, KV head) pairs x 4 heads each
+    fixed = lat + split + 8 * blk / SMS    # 8 blocks < 0.8 SMs: split, combine kernel charged
+    assert t(8.0, 1.0) == pytest.approx(fixed + (kv_bytes + q_bytes) / (16 * bbw), rel=1e-12)
+    assert t(1.0, 8.0) == pytest.approx(fixed + (kv_bytes + q_bytes) / min(BW * frac, 128 * bbw), rel=1e-12)
+    assert t(8.0, 1.0) > 1.5 * t(1.0, 8.0)
+
+
+def test_decode_one_chunk_is_not_split_and_no_block_cap_is_the_hbm_roofline():
+    # 128 keys or fewer: one chunk, no split-KV, no combine kernel
+    one = kn.decode_attention_time_nb(1.0, 128.0, 32.0, 8.0, 128.0, 2.0, 2.0, BW, float(SMS), 0.9, 3e-6, 1e-5,
+                                      2e-6, 16.0, 60e9)
+    two = kn.decode_attention_time_nb(1.0, 129.0, 32.0, 8.0, 128.0, 2.0, 2.0, BW, float(SMS), 0.9, 3e-6, 1e-5,
+                                      2e-6, 16.0, 60e9)
+    nb1 = 128 * 2 * 8 * 128 * 2 + 2 * 32 * 128 * 2
+    assert one == pytest.approx(1e-5 + 8 * 3e-6 / SMS + nb1 / min(BW * 0.9, 8 * 60e9), rel=1e-12)
+    nb2 = 129 * 2 * 8 * 128 * 2 + 2 * 32 * 128 * 2     # 129 keys: 2 chunks, 16 blocks, combine kernel
+    assert two == pytest.approx(1e-5 + 2e-6 + 8 * 3e-6 / SMS + nb2 / min(BW * 0.9, 16 * 60e9), rel=1e-12)
+    # block_bw 0 (a profile without the key): HBM bound alone, whatever the parallelism
+    t = kn.decode_attention_time_nb(1.0, 65536.0, 4.0, 1.0, 128.0, 2.0, 2.0, BW, float(SMS), 0.9, 3e-6, 1e-5)
+    nb = 65536 * 2 * 128 * 2 + 2 * 4 * 128 * 2
+    assert t == pytest.approx(1e-5 + 3e-6 / SMS + nb / (BW * 0.9), rel=1e-12)
+
 # -- all-reduce ---------------------------------------------------------------------------------
 
 def test_allreduce_limits_and_monotone_in_size():

@@ -334,13 +334,18 @@ FP8 = "fp8"
 FP8_PEAK_H100, BF16_PEAK_H100 = 1979.0, 989.0   # TFLOP/s, hardware_profiles/h100-sxm.toml (checked below)
 
 
-def decode_row_us(step: int) -> tuple:
-    """(us, step) of vLLM's H100 decode table for one sequence, 8 heads, one KV head, bf16 KV."""
+def decode_us(seqs: int, heads: int, kv_heads: int, step: int, gpu: str = "h100_sxm") -> float:
+    """Microseconds of vLLM's decode table: ``seqs`` sequences of ``step`` cached tokens, bf16 KV."""
     from servesim.calibrate import engine_kernels as ek
-    d = ek.decode_frame("h100_sxm", "vllm")
-    d = d[(d.seqs == 1) & (d.heads == 8) & (d.kv_heads == 1) & (d.kv_dtype == "bf16") & (d.kv_tokens == step + 1)]
-    assert len(d) == 1, step
-    return (round(1e6 * float(d.time_s.iloc[0]), 1), step)
+    d = ek.decode_frame(gpu, "vllm")
+    d = d[(d.seqs == seqs) & (d.heads == heads) & (d.kv_heads == kv_heads) & (d.kv_dtype == "bf16")
+          & (d.kv_tokens == seqs * (step + 1))]
+    assert len(d) == 1, (seqs, heads, kv_heads, step)
+    return round(1e6 * float(d.time_s.iloc[0]), 1)
+
+
+def a100_decode_us(seqs: int, heads: int, kv_heads: int, step: int) -> float:
+    return decode_us(seqs, heads, kv_heads, step, "a100_sxm")
 
 
 def fitted_quant(gpu: str, engine: str) -> float:
@@ -585,11 +590,21 @@ FIGURES = [
                                  rows="held out: Mixtral shapes, 1-512 tokens, tuned")["median"])
                       for g in ("h100-sxm", "h200-sxm")), EXACT),
     Fig(CAL, r"within the #% target at every batch", lambda: 100 * code("servesim.calibrate.step_check", "TARGET"), EXACT),
-    Fig(CAL, r"decode attention at batch 1 and 8\s+\(-#%, median\)",
-        lambda: -float(np.mean([pct(step_row(0, "attention", "decode", b)["signed"]) for b in ("1", "8")]))),
-    Fig(CAL, r"one sequence, one KV head: # us at # tokens of\s+context, # us at #, for # and # MB",
-        lambda: decode_row_us(511) + decode_row_us(4095) + (511 * 512 / 1e6, 4095 * 512 / 1e6),
-        tol=(0.01, EXACT, 0.01, EXACT, 0.05, 0.05)),   # 512 B of K and V per token of one KV head, head_dim 128
+    Fig(CAL, r"decode attention at batch 1 and 8 is #% and\s+#% \(median\) on H100, #% and #% on A100",
+        lambda: tuple(pct(step_row(g, "attention", "decode", b)["median"]) for g in (0, 1) for b in ("1", "8")), EXACT),
+    Fig(CAL, r"\(H100 was -#% before the split-KV term below\)", lambda: 13.0, EXACT),
+        # -12.9% / -12.6% signed at batch 1 / 8: step_table.md before the split-KV term (a3f4035)
+    Fig(CAL, r"# sequences x 1 KV head take # us, 1 sequence x # KV heads\s+# us, at # tokens of context",
+        lambda: (8, decode_us(8, 4, 1, 4095), 8, decode_us(1, 32, 8, 4095), 4095), EXACT),
+    Fig(CAL, r"`attn_decode_block_GBps` \(# GB/s fitted on H100\)", lambda: vllm_h100("attn_decode_block_GBps"), EXACT),
+    Fig(CAL, r"vLLM's A100 decode table is held out\s+at #%",
+        lambda: pct(md_row(KERN, gpu="a100-sxm-80gb", engine="vllm", **{"class": "decode attention"},
+                           rows="held out: 5-fold")["median"]), EXACT),
+    Fig(CAL, r"two sequences take ~# us more than one even at # tokens",
+        lambda: (float(np.median([a100_decode_us(2, 4 * kv, kv, 127) - a100_decode_us(1, 4 * kv, kv, 127)
+                                  for kv in (2, 4, 8)])), 128), (0.1, EXACT)),
+    Fig(CAL, r"on decode attention at batch 8 \(\+#%\)", lambda: pct(step_row(3, "attention", "decode", "8")["signed"]),
+        EXACT),
     Fig(CAL, r"above the custom kernel's # MiB", lambda: toml("engines/vllm.toml")["kernels"]["custom_allreduce_max_mib"],
         EXACT),
     Fig(CAL, r"with vLLM's # ms added, the four H100 batch-1 static TTFT rows \(#-# ms measured\) were #% off",

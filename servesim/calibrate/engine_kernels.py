@@ -20,7 +20,9 @@ The formulas are ``servesim.costmodel.kernels``'s, imported and called, never re
   ``attn_prefill_hbm_fraction``, ``attn_prefill_block_overhead``, ``attn_prefill_latency_us``.
 - decode attention (``decode_attention_time_nb``): ``attn_decode_hbm_fraction``,
   ``attn_decode_block_us``, ``attn_decode_latency_us``, ``attn_decode_split_us`` (the split-KV combine
-  kernel when fewer than 0.8 x SMs (sequence, KV head) blocks run).
+  kernel when the KV is split and fewer than 0.8 x SMs (sequence, KV head) blocks run),
+  ``attn_decode_split_seqs`` (sequences x splits the split heuristic aims at per KV head) and
+  ``attn_decode_block_GBps`` (one thread block's KV read rate).
 - the engine's all-reduce (``engine_allreduce_time_nb`` / ``engine_allreduce_eager_time_nb``):
   ``allreduce_latency_us``, ``allreduce_bw_fraction``, ``allreduce_step_latency_us``,
   ``allreduce_eager_launch_us``.
@@ -74,7 +76,8 @@ GEMM_PARAMS = ("gemm_max", "gemm_hbm_fraction", "gemm_latency_us", "gemm_splitk_
 GEMM_FP8_PARAMS = ("gemm_fp8_max", "gemm_fp8_latency_us", "gemm_fp8_quant_bytes")
 PREFILL_PARAMS = ("attn_prefill_max", "attn_prefill_hbm_fraction", "attn_prefill_block_overhead",
                   "attn_prefill_latency_us")
-DECODE_PARAMS = ("attn_decode_hbm_fraction", "attn_decode_block_us", "attn_decode_latency_us", "attn_decode_split_us")
+DECODE_PARAMS = ("attn_decode_hbm_fraction", "attn_decode_block_us", "attn_decode_latency_us", "attn_decode_split_us",
+                 "attn_decode_split_seqs", "attn_decode_block_GBps")
 ALLREDUCE_PARAMS = ("allreduce_latency_us", "allreduce_bw_fraction", "allreduce_step_latency_us",
                     "allreduce_eager_launch_us")
 MOE_PARAMS = ("moe_efficiency", "moe_latency_us")
@@ -93,6 +96,7 @@ BOUNDS = {
     "attn_prefill_block_overhead": (0.0, 50.0), "attn_prefill_latency_us": (0.0, 200.0),
     "attn_decode_hbm_fraction": (0.05, 1.0), "attn_decode_block_us": (0.0, 100.0),
     "attn_decode_latency_us": (0.0, 200.0), "attn_decode_split_us": (0.0, 100.0),
+    "attn_decode_split_seqs": (1.0, 1024.0), "attn_decode_block_GBps": (1.0, 1000.0),
     "allreduce_latency_us": (0.0, 100.0), "allreduce_bw_fraction": (0.05, 1.0),
     "allreduce_step_latency_us": (0.0, 100.0), "allreduce_eager_launch_us": (0.0, 500.0),
     "moe_efficiency": (0.01, 1.0), "moe_latency_us": (0.0, 500.0),
@@ -108,7 +112,8 @@ START = {
     "gemm_tile_overhead_k": 150.0, "gemm_fp8_max": 0.6, "gemm_fp8_latency_us": 5.0, "gemm_fp8_quant_bytes": 5.0,
     "attn_prefill_max": 0.6, "attn_prefill_hbm_fraction": 0.5, "attn_prefill_block_overhead": 0.5,
     "attn_prefill_latency_us": 10.0, "attn_decode_hbm_fraction": 0.8, "attn_decode_block_us": 3.0,
-    "attn_decode_latency_us": 10.0, "attn_decode_split_us": 2.0, "allreduce_latency_us": 4.0, "allreduce_bw_fraction": 0.7,
+    "attn_decode_latency_us": 10.0, "attn_decode_split_us": 2.0, "attn_decode_split_seqs": 16.0, "attn_decode_block_GBps": 50.0,
+    "allreduce_latency_us": 4.0, "allreduce_bw_fraction": 0.7,
     "allreduce_step_latency_us": 5.0, "allreduce_eager_launch_us": 20.0, "moe_efficiency": 0.8,
     "moe_latency_us": 20.0, "moe_fp8_efficiency": 0.2, "moe_fp8_latency_us": 20.0, "moe_pair_us": 0.01,
     "moe_tile_ridge": 100.0,
@@ -411,11 +416,13 @@ def _prefill_many_nb(seqs, chunk, ctx, heads, kv_heads, kv_bytes, head_dim, peak
 
 
 @njit(cache=True)
-def _decode_many_nb(seqs, kv_tokens, heads, kv_heads, kv_bytes, head_dim, hbm_bw, sm_count, frac, block, lat, split):
+def _decode_many_nb(seqs, kv_tokens, heads, kv_heads, kv_bytes, head_dim, hbm_bw, sm_count, frac, block, lat, split,
+                    split_seqs, block_bw):
     out = np.empty(seqs.shape[0])
     for i in range(seqs.shape[0]):
         out[i] = kn.decode_attention_time_nb(seqs[i], kv_tokens[i], heads[i], kv_heads[i], head_dim, 2.0,
-                                             kv_bytes[i], hbm_bw, sm_count, frac, block, lat, split)
+                                             kv_bytes[i], hbm_bw, sm_count, frac, block, lat, split, split_seqs,
+                                             block_bw)
     return out
 
 
@@ -493,7 +500,8 @@ def predict_decode(frame: pd.DataFrame, hw, p: dict) -> np.ndarray:
     return _decode_many_nb(_col(frame, "seqs"), _col(frame, "kv_tokens"), _col(frame, "heads"),
                            _col(frame, "kv_heads"), _col(frame, "kv_bytes"), HEAD_DIM, hw.hbm_bw,
                            float(hw.sm_count), p["attn_decode_hbm_fraction"], p["attn_decode_block_us"] * 1e-6,
-                           p["attn_decode_latency_us"] * 1e-6, p.get("attn_decode_split_us", 0.0) * 1e-6)
+                           p["attn_decode_latency_us"] * 1e-6, p.get("attn_decode_split_us", 0.0) * 1e-6,
+                           p.get("attn_decode_split_seqs", 0.0), p.get("attn_decode_block_GBps", 0.0) * 1e9)
 
 
 def predict_allreduce(frame: pd.DataFrame, hw, p: dict, gemm_hbm_fraction: float) -> np.ndarray:

@@ -62,6 +62,8 @@ FIT_KEYS = (
     ("attn_decode_block_us", "attn_decode_block_s", "nonneg"),
     ("attn_decode_latency_us", "attn_decode_latency_s", "nonneg"),
     ("attn_decode_split_us", "attn_decode_split_s", "nonneg"),       # split-KV combine kernel, small batches
+    ("attn_decode_split_seqs", "attn_decode_split_seqs", "nonneg"),  # split-KV: sequences x splits per KV head
+    ("attn_decode_block_GBps", "attn_decode_block_bw", "nonneg"),    # one thread block's KV read rate
     ("allreduce_latency_us", "allreduce_latency_s", "nonneg"),
     ("allreduce_bw_fraction", "allreduce_bw_fraction", "fraction"),
     ("allreduce_step_latency_us", "allreduce_step_latency_s", "nonneg"),
@@ -79,9 +81,10 @@ FIT_KEYS = (
     ("host_per_seq_us", "host_per_seq_s", "nonneg"),
     ("frontend_us", "frontend_s", "nonneg"),
 )
-_UNIT = {"us": 1e-6, "mib": 2.0 ** 20}
+_UNIT = {"us": 1e-6, "mib": 2.0 ** 20, "GBps": 1e9}
 # keys a table may leave out (profiles written before they existed), with the value that means "absent"
-_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0, "gemm_fp8_quant_bytes": 0.0, "attn_decode_split_us": 0.0}
+_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0, "gemm_fp8_quant_bytes": 0.0, "attn_decode_split_us": 0.0,
+                 "attn_decode_split_seqs": 0.0, "attn_decode_block_GBps": 0.0}
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class EngineFit:
     attn_decode_block_s: float
     attn_decode_latency_s: float
     attn_decode_split_s: float       # split-KV decode's combine kernel (few sequences x KV heads)
+    attn_decode_split_seqs: float    # split-KV: sequences x splits aimed at per KV head (0: split every chunk)
+    attn_decode_block_bw: float      # bytes/s one decode thread block reads (0: no cap)
     allreduce_latency_s: float
     allreduce_bw_fraction: float
     allreduce_step_latency_s: float

@@ -256,7 +256,7 @@ def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     if n_dec > 0.0:
         a += decode_attention_time_nb(n_dec, kv_dec, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
                                       p.hbm_bw, p.sms, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency,
-                                      p.attn_dec_split)
+                                      p.attn_dec_split, p.attn_dec_split_seqs, p.attn_dec_block_bw)
     return a
 
 

@@ -334,27 +334,53 @@ def prefill_attention_time_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_byt
 # kernel combining their partial results, when fewer than 0.8 x SMs blocks would run unsplit
 # (flash-attention csrc/flash_attn/flash_api.cpp, num_splits_heuristic).
 DECODE_SPLIT_SM_SHARE = 0.8
+# Keys per split-KV chunk: the split heuristic counts the KV in kBlockN-key blocks (128 for head
+# dimension 128: flash_fwd_launch_template.h, run_mha_fwd_splitkv_dispatch) and never splits a
+# sequence of one block (num_splits_heuristic's is_split_eligible).
+DECODE_SPLIT_KEYS = 128.0
+
+
+@njit(cache=True)
+def decode_splits_nb(seqs, kv_tokens, split_seqs):
+    """Split-KV chunks per (sequence, KV head): at most one per DECODE_SPLIT_KEYS keys of the mean
+    context, and, where ``split_seqs`` > 0, about split_seqs / seqs (at least 1): the split count is
+    sized by the number of sequences, not by the KV heads (FlashAttention 3's varlen scheduler takes
+    batch 1 for its upper bound and divides the splits among the sequences, flash_api.cpp
+    get_num_splits and flash_prepare_scheduler.cu; measured: vLLM's H100 table takes 29.5 us for 8
+    sequences x 1 KV head and 16.9 us for 1 x 8 at 4,095 cached tokens, the same bytes)."""
+    chunks = max(math.ceil(kv_tokens / seqs / DECODE_SPLIT_KEYS), 1.0)
+    if split_seqs <= 0.0:
+        return chunks
+    return min(max(split_seqs / seqs, 1.0), chunks)
 
 
 @njit(cache=True)
 def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes, kv_bytes, hbm_bw, sm_count,
-                             hbm_fraction, block_time, latency, split_latency=0.0):
+                             hbm_fraction, block_time, latency, split_latency=0.0, split_seqs=0.0, block_bw=0.0):
     """Decode (generation) attention of one layer on one GPU, in seconds: one query per sequence over
     ``kv_tokens`` cached tokens in all (the sum over the batch):
 
-        latency + seqs kv_heads block_time / SMs + bytes / (hbm_bw * hbm_fraction)
-        + split_latency when seqs kv_heads < DECODE_SPLIT_SM_SHARE SMs (split KV: the combine kernel)
+        latency + seqs kv_heads block_time / SMs + bytes / min(hbm_bw hbm_fraction, blocks block_bw)
+        + split_latency when the KV is split (splits > 1) and seqs kv_heads < DECODE_SPLIT_SM_SHARE SMs
+          (the combine kernel)
 
     bytes = kv_tokens 2 kv_heads d kv_bytes (K and V read once per KV head, GQA) + seqs 2 heads d
     q_bytes (q in, o out). One thread block per (sequence, KV head) costs ``block_time`` of one SM
     besides its bytes (launch, page-table walk, the final reduction), spread over the SMs; the
-    tables show it as a floor proportional to seqs x kv_heads at short contexts. FLOPs (4 heads d
-    per cached token) are below the ridge for any GQA group and are not charged."""
+    tables show it as a floor proportional to seqs x kv_heads at short contexts. The KV streams
+    through blocks = seqs kv_heads splits thread blocks (``decode_splits_nb``), each reading at
+    most ``block_bw`` (bytes/s: the loads one SM keeps in flight, Little's law); too few blocks
+    leave HBM idle. ``block_bw`` 0: no cap. FLOPs (4 heads d per cached token) are below the ridge
+    for any GQA group and are not charged."""
     if seqs <= 0.0:
         return 0.0
     nbytes = kv_tokens * 2.0 * kv_heads * head_dim * kv_bytes + seqs * 2.0 * heads * head_dim * q_bytes
-    split = split_latency if seqs * kv_heads < DECODE_SPLIT_SM_SHARE * sm_count else 0.0
-    return latency + split + seqs * kv_heads * block_time / sm_count + nbytes / (hbm_bw * hbm_fraction)
+    splits = decode_splits_nb(seqs, kv_tokens, split_seqs)
+    split = split_latency if splits > 1.0 and seqs * kv_heads < DECODE_SPLIT_SM_SHARE * sm_count else 0.0
+    bw = hbm_bw * hbm_fraction
+    if block_bw > 0.0:
+        bw = min(bw, seqs * kv_heads * splits * block_bw)
+    return latency + split + seqs * kv_heads * block_time / sm_count + nbytes / bw
 
 
 @njit(cache=True)
@@ -387,8 +413,8 @@ def engine_allreduce_eager_time_nb(nbytes, n, link_bw, bw_fraction, latency, ste
             + 2.0 * nbytes / (hbm_bw * hbm_fraction))
 
 
-__all__ = ["ATTN_BLOCK", "DECODE_SPLIT_SM_SHARE", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
-           "decode_attention_time_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
+__all__ = ["ATTN_BLOCK", "DECODE_SPLIT_KEYS", "DECODE_SPLIT_SM_SHARE", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
+           "decode_attention_time_nb", "decode_splits_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
            "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
            "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb", "moe_tile_fraction_nb",
            "tiled_group_time_nb",

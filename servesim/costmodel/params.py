@@ -79,6 +79,8 @@ class CostParams(NamedTuple):
     attn_dec_block: float
     attn_dec_latency: float
     attn_dec_split: float        # the split-KV combine kernel at small batches
+    attn_dec_split_seqs: float   # split-KV: sequences x splits per KV head (kernels.decode_splits_nb)
+    attn_dec_block_bw: float     # bytes/s one decode thread block reads (0: no cap)
     elem_s_tok_layer: float      # bandwidth time per token of a layer's elementwise kernels
     elem_bytes_tok_layer: float  # ... and their HBM bytes per token (per GPU)
     elem_kernels: float          # elementwise kernels per layer
@@ -326,6 +328,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         attn_pf_block=fit.attn_prefill_block_overhead, attn_pf_latency=keep * fit.attn_prefill_latency_s,
         attn_dec_hbm=fit.attn_decode_hbm_fraction, attn_dec_block=fit.attn_decode_block_s,
         attn_dec_latency=keep * fit.attn_decode_latency_s, attn_dec_split=keep * fit.attn_decode_split_s,
+        attn_dec_split_seqs=fit.attn_decode_split_seqs, attn_dec_block_bw=fit.attn_decode_block_bw,
         elem_s_tok_layer=elementwise.seconds_per_token(elem, hw.hbm_bw, elementwise.kind_fractions(eff)),
         elem_bytes_tok_layer=float(sum(b for _, b in elem)),
         elem_kernels=float(len(elem)), elem_latency=keep * eff.elementwise_latency_s,
