@@ -105,6 +105,10 @@ BOUNDS = {
     "scaleup_bw_fraction": (0.05, 1.0), "scaleup_latency_us": (0.0, 50.0),
     "collective_base_latency_us": (0.0, 100.0),
     "launch_us": (0.0, 100.0),
+    "mla_decode_max": (0.01, 1.0), "mla_decode_hbm_fraction": (0.02, 1.0), "mla_decode_block_us": (0.0, 100.0),
+    "mla_decode_latency_us": (0.0, 200.0), "mla_decode_fp8_max": (0.01, 1.0), "mla_decode_fp8_hbm_fraction": (0.02, 1.0),
+    "mla_prefill_max": (0.05, 1.0), "mla_prefill_hbm_fraction": (0.01, 1.0), "mla_prefill_block_overhead": (0.0, 50.0),
+    "mla_prefill_latency_us": (0.0, 200.0), "eager_floor_us": (0.0, 2000.0),
 }
 START = {
     "gemm_max": 0.85, "gemm_hbm_fraction": 0.8, "gemm_latency_us": 2.5, "gemm_splitk_latency_us": 2.5,
@@ -119,6 +123,10 @@ START = {
     "moe_tile_ridge": 100.0,
     "scaleup_bw_fraction": 0.7, "scaleup_latency_us": 1.0, "collective_base_latency_us": 10.0,
     "launch_us": 5.0,
+    "mla_decode_max": 0.5, "mla_decode_hbm_fraction": 0.8, "mla_decode_block_us": 3.0, "mla_decode_latency_us": 10.0,
+    "mla_decode_fp8_max": 0.5, "mla_decode_fp8_hbm_fraction": 0.8, "mla_prefill_max": 0.6,
+    "mla_prefill_hbm_fraction": 0.5, "mla_prefill_block_overhead": 0.5, "mla_prefill_latency_us": 10.0,
+    "eager_floor_us": 150.0,
 }
 LOSS = {"loss": "soft_l1", "f_scale": 0.1}
 # Serving range kept in the fits and error tables (rows outside are reported on their own lines):
