@@ -723,11 +723,12 @@ def write_engine_profiles(fit: dict) -> None:
                 # its decode table reads KV faster than HBM allows (L2 hits on shared pages): the decode
                 # fraction is fitted end to end instead (experiments/validate_serving.py)
                 vals.pop("attn_decode_hbm_fraction", None)
-            # notes of the end-to-end fits (experiments/fit_vllm_host.py, validate_serving.py) stay
+            # notes of the end-to-end fits (experiments/fit_vllm_host.py, validate_serving.py) and of the MLA
+            # fit (experiments/fit_mla.py, whose keys this script does not write) stay
             host_note = [part for part in current.get("fit_source", "").split("; ")
                          if part.startswith(("host_", "end to end", "h100-sxm's values", "vLLM's", "frontend_us",
                                              "gemm_fp8_latency_us", "gemm_fp8_max", "attn_decode_hbm_fraction",
-                                             "graph_overlap"))]
+                                             "graph_overlap", "mla "))]
             source = ENGINE_SOURCE.format(engine=engine, gpu=gpu, version=fit["meta"]["engines"][gpu][engine])
             source = "; ".join([source] + notes + host_note)
             path.write_text(update_engine_profile(path, gpu, vals, source))

@@ -64,6 +64,16 @@ FIT_KEYS = (
     ("attn_decode_split_us", "attn_decode_split_s", "nonneg"),       # split-KV combine kernel, small batches
     ("attn_decode_split_seqs", "attn_decode_split_seqs", "nonneg"),  # split-KV: sequences x splits per KV head
     ("attn_decode_block_GBps", "attn_decode_block_bw", "nonneg"),    # one thread block's KV read rate
+    ("mla_decode_max", "mla_decode_max", "fraction"),               # MLA absorbed decode (kernels.mla_decode_time_nb)
+    ("mla_decode_hbm_fraction", "mla_decode_hbm_fraction", "fraction"),
+    ("mla_decode_block_us", "mla_decode_block_s", "nonneg"),
+    ("mla_decode_latency_us", "mla_decode_latency_s", "nonneg"),
+    ("mla_decode_fp8_max", "mla_decode_fp8_max", "fraction"),       # ... with an fp8 latent cache
+    ("mla_decode_fp8_hbm_fraction", "mla_decode_fp8_hbm_fraction", "fraction"),
+    ("mla_prefill_max", "mla_prefill_max", "fraction"),             # MLA prefill (kernels.mla_prefill_time_nb)
+    ("mla_prefill_hbm_fraction", "mla_prefill_hbm_fraction", "fraction"),
+    ("mla_prefill_block_overhead", "mla_prefill_block_overhead", "nonneg"),
+    ("mla_prefill_latency_us", "mla_prefill_latency_s", "nonneg"),
     ("allreduce_latency_us", "allreduce_latency_s", "nonneg"),
     ("allreduce_bw_fraction", "allreduce_bw_fraction", "fraction"),
     ("allreduce_step_latency_us", "allreduce_step_latency_s", "nonneg"),
@@ -85,6 +95,12 @@ _UNIT = {"us": 1e-6, "mib": 2.0 ** 20, "GBps": 1e9}
 # keys a table may leave out (profiles written before they existed), with the value that means "absent"
 _OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0, "gemm_fp8_quant_bytes": 0.0, "attn_decode_split_us": 0.0,
                  "attn_decode_split_seqs": 0.0, "attn_decode_block_GBps": 0.0}
+# MLA kernel keys (experiments/fit_mla.py): a table without them prices MLA with its generic attention
+# keys (costmodel/params.py, ``attention_kernel_params``), and its provenance says so
+MLA_FIT_KEYS = ("mla_decode_max", "mla_decode_hbm_fraction", "mla_decode_block_us", "mla_decode_latency_us",
+                "mla_decode_fp8_max", "mla_decode_fp8_hbm_fraction", "mla_prefill_max", "mla_prefill_hbm_fraction",
+                "mla_prefill_block_overhead", "mla_prefill_latency_us")
+_OPTIONAL_FIT.update({k: 0.0 for k in MLA_FIT_KEYS})
 
 
 @dataclass(frozen=True)
@@ -154,6 +170,16 @@ class EngineFit:
     attn_decode_split_s: float       # split-KV decode's combine kernel (few sequences x KV heads)
     attn_decode_split_seqs: float    # split-KV: sequences x splits aimed at per KV head (0: split every chunk)
     attn_decode_block_bw: float      # bytes/s one decode thread block reads (0: no cap)
+    mla_decode_max: float            # MLA kernels (0 throughout: not fitted, the generic attention keys price MLA)
+    mla_decode_hbm_fraction: float
+    mla_decode_block_s: float
+    mla_decode_latency_s: float
+    mla_decode_fp8_max: float
+    mla_decode_fp8_hbm_fraction: float
+    mla_prefill_max: float
+    mla_prefill_hbm_fraction: float
+    mla_prefill_block_overhead: float
+    mla_prefill_latency_s: float
     allreduce_latency_s: float
     allreduce_bw_fraction: float
     allreduce_step_latency_s: float
@@ -251,12 +277,16 @@ def _terms(fit: EngineFit) -> str:
     return "; " + "; ".join(carried) if carried else ""
 
 
-def carried_terms(fit: EngineFit, moe: bool = True) -> list[str]:
+def carried_terms(fit: EngineFit, moe: bool = True, mla: bool = False) -> list[str]:
     """The terms of a table not fitted on its own GPU, read from its ``borrowed_keys`` and its
     fit_source (the fit scripts write 'h100-sxm's values' / 'carried over' / "vLLM's values" there);
-    the fused-MoE ones only when ``moe``."""
+    the fused-MoE ones only when ``moe``, the MLA kernels' only when ``mla``."""
     src = fit.fit_source
     carried = []
+    if mla and fit.mla_decode_hbm_fraction == 0.0:
+        carried.append("MLA attention priced with the generic attention keys (no mla_* keys in this table)")
+    elif mla:
+        carried += [part for part in src.split("; ") if part.startswith("mla keys") and "'s" in part]
     if fit.borrowed_keys:
         carried.append(f"{', '.join(fit.borrowed_keys)} from {fit.keys_from}'s table (efficiency_from)")
     if "h100-sxm's end-to-end fit carried over" in src or "h100-sxm's values" in src or "vLLM's" in src:
@@ -274,22 +304,23 @@ def carried_terms(fit: EngineFit, moe: bool = True) -> list[str]:
 
 def replica_provenance(rc) -> dict:
     """`provenance` of a lowered replica (``costmodel.ReplicaCost``: its engine, hardware and model)."""
-    return provenance(rc.engine, rc.hw, moe=getattr(rc.model, "moe", None) is not None)
+    return provenance(rc.engine, rc.hw, moe=getattr(rc.model, "moe", None) is not None,
+                      mla=getattr(rc.model, "mla", None) is not None)
 
 
-def provenance(engine: EngineProfile, hw, moe: bool = True) -> dict:
+def provenance(engine: EngineProfile, hw, moe: bool = True, mla: bool = False) -> dict:
     """Where a run's efficiencies come from, for the summary (``config.fit``) and ``plan``:
     ``hardware``: "measured" (the profile's own [efficiency]) or "borrowed from X (datasheet
     extrapolation)"; ``engine``: "fitted on X" or "borrowed from X (datasheet extrapolation)";
     ``carried``: the terms of the table not fitted on its GPU, "; "-joined ("" none); ``measured``:
     none of it borrowed.
-    ``moe``: count the fused-MoE terms (a MoE model)."""
+    ``moe``: count the fused-MoE terms (a MoE model); ``mla``: the MLA kernels' (an MLA model)."""
     fit = engine.fit_for(hw)
     extrapolated = f"datasheet extrapolation to {hw.name}"
     hw_src = "measured" if hw.own_efficiency else f"borrowed from {hw.efficiency_from} ({extrapolated})"
     eng = (f"borrowed from {fit.borrowed_from} ({extrapolated})" if fit.borrowed_from
            else f"fitted on {hw.name}")
-    carried = carried_terms(fit, moe)
+    carried = carried_terms(fit, moe, mla)
     return {"hardware": hw_src, "engine": eng, "carried": "; ".join(carried),
             "measured": bool(hw.own_efficiency and not fit.borrowed_from and not carried),
             "text": f"{hw.name} efficiencies {hw_src}; {engine.name} kernels {eng}"
@@ -440,6 +471,11 @@ def _read_fit(t: Table, hw_name: str, tables: dict, engine: str) -> EngineFit:
         else:
             value = table.float(key, ge=0.0)
         values[field] = value * _UNIT.get(key.rsplit("_", 1)[-1], 1.0)
+    given = [k for k in MLA_FIT_KEYS if t.has(k) or (src is not None and src.has(k))]
+    if 0 < len(given) < len(MLA_FIT_KEYS):
+        missing = [k for k in MLA_FIT_KEYS if k not in given]
+        raise t.error(missing[0], f"is missing; the MLA kernel keys come together ({', '.join(MLA_FIT_KEYS)}; "
+                                  "experiments/fit_mla.py fits them), or leave all of them out")
     if taken:
         values["borrowed_keys"] = tuple(taken)
         values["keys_from"] = src_name
@@ -469,5 +505,5 @@ def with_fit(fit: EngineFit, **overrides) -> EngineFit:
     return dataclasses.replace(fit, **overrides)
 
 
-__all__ = ["CudaGraphs", "EngineFit", "EngineProfile", "FIT_KEYS", "SchedulerDefaults", "carried_terms",
+__all__ = ["CudaGraphs", "EngineFit", "EngineProfile", "FIT_KEYS", "MLA_FIT_KEYS", "SchedulerDefaults", "carried_terms",
            "list_engines", "load_engine", "provenance", "replica_provenance", "with_fit", "with_fit_for"]

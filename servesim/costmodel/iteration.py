@@ -41,12 +41,11 @@ from numba import njit
 
 from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
 from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_bytes_nb,
-                      gemm_time_nb, moe_experts_time_nb, prefill_attention_time_nb,
-                      weight_only_gemm_time_nb)
+                      gemm_time_nb, mla_decode_time_nb, mla_prefill_time_nb, moe_experts_time_nb,
+                      prefill_attention_time_nb, weight_only_gemm_time_nb)
 from .ep import dispatch_combine_nb, ep_tokens_nb, masked_pairs_time_nb, rank_load_nb
 from .moe_tiles import pick_tile_nb
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
-from .roofline import roofline_time_nb
 
 
 @njit(cache=True)
@@ -239,14 +238,8 @@ def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     """Attention of one layer on the real sequences: the prefill chunks (as n_pf chunks of their mean
     length after their mean cached prefix) and the decodes."""
     a = 0.0
-    if p.mla > 0.0:   # MLA: FLOPs over the latent at the prefill efficiency, latent bytes for decode
-        if tp_tok > 0.0:
-            a += roofline_time_nb(pairs * p.attn_flops_pair, kv_pf * p.kv_bytes_tok_layer + tp_tok * p.q_bytes_tok_layer,
-                                  p.attn_peak, p.attn_pf_max, p.hbm_bw, p.attn_pf_hbm, p.attn_pf_latency)
-        if n_dec > 0.0:
-            a += roofline_time_nb(kv_dec * p.attn_flops_kv_decode, kv_dec * p.kv_bytes_tok_layer + n_dec * p.q_bytes_tok_layer,
-                                  p.attn_peak, p.attn_pf_max, p.hbm_bw, p.attn_dec_hbm, p.attn_dec_latency)
-        return a
+    if p.mla > 0.0:
+        return mla_attention_nb(p, tp_tok, n_pf, kv_pf, n_dec, kv_dec)
     if tp_tok > 0.0:
         chunk = tp_tok / n_pf
         ctx = max(kv_pf / n_pf - chunk, 0.0)
@@ -257,6 +250,31 @@ def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
         a += decode_attention_time_nb(n_dec, kv_dec, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
                                       p.hbm_bw, p.sms, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency,
                                       p.attn_dec_split, p.attn_dec_split_seqs, p.attn_dec_block_bw)
+    return a
+
+
+@njit(cache=True)
+def mla_attention_nb(p, tp_tok, n_pf, kv_pf, n_dec, kv_dec):
+    """MLA attention of one layer (kernels.mla_decode_time_nb, mla_prefill_time_nb with the engine's
+    MLA fit): the decodes through the absorbed kernel over the latent; the prefill chunks (n_pf of
+    their mean length after their mean cached prefix) through whichever of the two kernels is faster
+    at that length, as the engines route them: vLLM sends chunks of up to 128 (FlashMLA) or 512
+    (FlashAttention MLA) query tokens down the absorbed decode path (``reorder_batch_threshold`` in
+    vllm/v1/attention/backends/mla/, v0.15.1), which is where a speculative verification goes."""
+    a = 0.0
+    kv_b = p.kv_elem_bytes
+    if tp_tok > 0.0:
+        chunk = tp_tok / n_pf
+        ctx = max(kv_pf / n_pf - chunk, 0.0)
+        pf = mla_prefill_time_nb(n_pf, chunk, ctx, p.heads, p.head_dim, p.mla_v, (p.mla_latent + p.mla_rope) * kv_b,
+                                 p.attn_peak, p.hbm_bw, p.sms, p.attn_pf_max, p.attn_pf_hbm, p.attn_pf_block,
+                                 p.attn_pf_latency)
+        ab = mla_decode_time_nb(n_pf, chunk, kv_pf, p.heads, p.mla_latent, p.mla_rope, kv_b, p.attn_peak, p.hbm_bw,
+                                p.sms, p.attn_dec_max, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency)
+        a += min(pf, ab)
+    if n_dec > 0.0:
+        a += mla_decode_time_nb(n_dec, 1.0, kv_dec, p.heads, p.mla_latent, p.mla_rope, kv_b, p.attn_peak, p.hbm_bw,
+                                p.sms, p.attn_dec_max, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency)
     return a
 
 

@@ -383,6 +383,64 @@ def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes
     return latency + split + seqs * kv_heads * block_time / sm_count + nbytes / bw
 
 
+# MLA (DeepSeek-V2/V3) decode kernels pack the query heads of one sequence, times its query tokens, into
+# the rows of MMA tiles: vLLM's FlashMLA backend schedules max_query_len x num_q_heads query rows per
+# sequence against its single latent KV head (vllm/v1/attention/backends/mla/flashmla.py, v0.15.1:
+# num_q_tokens_per_head_k, "MQA for the decode path"), and Hopper's warpgroup MMA is 64 rows (PTX ISA,
+# wgmma.mma_async shapes m64nNk16), so a sequence with fewer query rows still pays a 64-row tile.
+MLA_HEAD_TILE = 64.0
+
+
+@njit(cache=True)
+def mla_decode_time_nb(seqs, q_rows, kv_tokens, heads, latent, rope, kv_bytes, peak, hbm_bw, sm_count,
+                       compute_fraction, hbm_fraction, block_time, latency):
+    """Absorbed MLA decode attention of one layer on one GPU (DeepSeek-V2, arXiv:2405.04434, sec. 2.1
+    and app. C: W_UK folded into the query, W_UV into the output, so every head attends over the one
+    cached latent), in seconds:
+
+        latency + seqs g block_time / SMs + max(FLOPs / (peak compute_fraction), bytes / (hbm_bw hbm_fraction))
+
+    ``q_rows`` query tokens per sequence (1 for a decode, K + 1 for a speculative verification),
+    ``kv_tokens`` cached tokens summed over the batch, ``latent`` = kv_lora_rank, ``rope`` =
+    qk_rope_head_dim. Each sequence's heads x q_rows query rows run as g = ceil(heads q_rows /
+    MLA_HEAD_TILE) row tiles, each tile paying ``block_time`` of one SM (launch, page walk, the split
+    combine) and the tensor-core work of full tiles: FLOPs = kv_tokens 2 g MLA_HEAD_TILE (2 latent +
+    rope) (scores over latent + rope, values over the latent, for every padded row); bytes =
+    the latent and rope key of every cached token once (``kv_bytes`` per element) + per query row
+    heads (latent + rope) in and heads latent out (16-bit). Compute and bandwidth overlap (roofline:
+    FlashMLA pipelines the KV loads under the MMAs)."""
+    if seqs <= 0.0:
+        return 0.0
+    tiles = math.ceil(heads * q_rows / MLA_HEAD_TILE)
+    flops = kv_tokens * 2.0 * tiles * MLA_HEAD_TILE * (2.0 * latent + rope)
+    nbytes = kv_tokens * (latent + rope) * kv_bytes + seqs * q_rows * heads * (2.0 * latent + rope) * 2.0
+    return (latency + seqs * tiles * block_time / sm_count
+            + max(flops / (peak * compute_fraction), nbytes / (hbm_bw * hbm_fraction)))
+
+
+@njit(cache=True)
+def mla_prefill_time_nb(seqs, chunk, ctx, heads, qk_dim, v_dim, latent_bytes, peak, hbm_bw, sm_count, attn_max,
+                        hbm_fraction, block_overhead, latency):
+    """MLA prefill attention of one layer on one GPU, the non-absorbed form the engines run for prompts
+    (DeepSeek-V2 sec. 2.1.2: K and V decompressed per head from the latent, then FlashAttention with
+    ``qk_dim`` = qk_nope + qk_rope query/key width and ``v_dim`` value width), in seconds:
+
+        latency + compute + bytes / (hbm_bw hbm_fraction)
+
+    compute: ``prefill_attention_compute_nb`` at head width (qk_dim + v_dim) / 2 (its key block costs
+    4 x 128 x 128 x d FLOPs, QK^T and PV, = 2 x 128 x 128 (qk_dim + v_dim)); bytes: per new token its
+    q and o, its per-head k and v read (16-bit, heads (qk_dim + v_dim) each) and its latent written to
+    the cache (``latent_bytes``); per cached-prefix token its decompressed k and v read. Compute and
+    memory add, as in ``prefill_attention_time_nb``."""
+    if seqs <= 0.0 or chunk <= 0.0:
+        return 0.0
+    width = heads * (qk_dim + v_dim) * 2.0
+    t_c = prefill_attention_compute_nb(seqs, chunk, ctx, heads, 0.5 * (qk_dim + v_dim), peak, sm_count, attn_max,
+                                       block_overhead)
+    nbytes = seqs * (chunk * (2.0 * width + latent_bytes) + ctx * width)
+    return latency + t_c + nbytes / (hbm_bw * hbm_fraction)
+
+
 @njit(cache=True)
 def engine_allreduce_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency):
     """The engine's own all-reduce of ``nbytes`` per GPU over ``n`` GPUs of one NVLink/NVSwitch
@@ -416,7 +474,8 @@ def engine_allreduce_eager_time_nb(nbytes, n, link_bw, bw_fraction, latency, ste
 __all__ = ["ATTN_BLOCK", "DECODE_SPLIT_KEYS", "DECODE_SPLIT_SM_SHARE", "GEMM_TILE_M", "GEMM_TILE_M_SMALL", "GEMM_TILE_N", "SPLITK_MIN_K", "balanced_experts_nb",
            "decode_attention_time_nb", "decode_splits_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
            "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
-           "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "moe_experts_time_nb", "moe_tile_fraction_nb",
+           "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "MLA_HEAD_TILE", "mla_decode_time_nb",
+           "mla_prefill_time_nb", "moe_experts_time_nb", "moe_tile_fraction_nb",
            "tiled_group_time_nb",
            "prefill_attention_bytes_nb", "prefill_attention_compute_nb", "prefill_attention_time_nb",
            "WO_SMALL_M", "WO_TILE_M", "weight_only_gemm_time_nb"]

@@ -81,6 +81,10 @@ class CostParams(NamedTuple):
     attn_dec_split: float        # the split-KV combine kernel at small batches
     attn_dec_split_seqs: float   # split-KV: sequences x splits per KV head (kernels.decode_splits_nb)
     attn_dec_block_bw: float     # bytes/s one decode thread block reads (0: no cap)
+    attn_dec_max: float          # MLA: absorbed decode's fraction of the 16-bit peak (the attn_* keys above are
+    mla_latent: float            # then the engine's MLA kernel fit: attention_kernel_params); the latent width
+    mla_rope: float              # ... the shared rope key width
+    mla_v: float                 # ... and the value head width (head_dim is the query/key width)
     elem_s_tok_layer: float      # bandwidth time per token of a layer's elementwise kernels
     elem_bytes_tok_layer: float  # ... and their HBM bytes per token (per GPU)
     elem_kernels: float          # elementwise kernels per layer
@@ -215,6 +219,24 @@ def check_weights_fit(model, hw, layout: Layout, gpu_memory_utilization: float =
          if gpu_memory_utilization < 1.0 else "") + hint)
 
 
+def attention_kernel_params(fit, kv_dtype: str, mla: bool) -> dict:
+    """The attention keys a model's kernels run with (fractions, block overhead, seconds): the engine's
+    generic attention fit, or for an MLA model its MLA fit (``mla_*``; the fp8-cache decode fractions
+    for an fp8 KV cache). A table without MLA keys prices MLA with the generic ones (decode compute at
+    the prefill fraction), which ``engine.carried_terms`` then reports."""
+    if mla and fit.mla_decode_hbm_fraction > 0.0:
+        fp8 = kv_dtype == "fp8"
+        return {"dec_max": fit.mla_decode_fp8_max if fp8 else fit.mla_decode_max,
+                "dec_hbm": fit.mla_decode_fp8_hbm_fraction if fp8 else fit.mla_decode_hbm_fraction,
+                "dec_block": fit.mla_decode_block_s, "dec_latency": fit.mla_decode_latency_s,
+                "pf_max": fit.mla_prefill_max, "pf_hbm": fit.mla_prefill_hbm_fraction,
+                "pf_block": fit.mla_prefill_block_overhead, "pf_latency": fit.mla_prefill_latency_s}
+    return {"dec_max": fit.attn_prefill_max, "dec_hbm": fit.attn_decode_hbm_fraction,
+            "dec_block": fit.attn_decode_block_s, "dec_latency": fit.attn_decode_latency_s,
+            "pf_max": fit.attn_prefill_max, "pf_hbm": fit.attn_prefill_hbm_fraction,
+            "pf_block": fit.attn_prefill_block_overhead, "pf_latency": fit.attn_prefill_latency_s}
+
+
 def _arr(xs):
     return np.asarray(xs, dtype=np.float64).reshape(-1)
 
@@ -305,6 +327,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
     # step's kernels run back to back (launch and ramp overlap the previous kernel's tail)
     keep = 1.0 - fit.graph_overlap
     a2a = ep_model.alltoall_link(hw, ep)
+    attn = attention_kernel_params(fit, kv_dtype, model.mla is not None)
     p = CostParams(
         tp=float(tp), pp=float(pp),
         peak=hw.peak_flops[cd], attn_peak=hw.peak_flops["bf16"], hbm_bw=hw.hbm_bw, sms=float(hw.sm_count),
@@ -324,11 +347,15 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         kv_bytes_tok_layer=kv_bytes_per_token_layer(model, tp, kv_dtype),
         q_bytes_tok_layer=2.0 * 2.0 * q_width,
         attn_flops_pair=flops_pair, attn_flops_kv_decode=flops_kv_decode,
-        attn_pf_max=fit.attn_prefill_max, attn_pf_hbm=fit.attn_prefill_hbm_fraction,
-        attn_pf_block=fit.attn_prefill_block_overhead, attn_pf_latency=keep * fit.attn_prefill_latency_s,
-        attn_dec_hbm=fit.attn_decode_hbm_fraction, attn_dec_block=fit.attn_decode_block_s,
-        attn_dec_latency=keep * fit.attn_decode_latency_s, attn_dec_split=keep * fit.attn_decode_split_s,
         attn_dec_split_seqs=fit.attn_decode_split_seqs, attn_dec_block_bw=fit.attn_decode_block_bw,
+        attn_pf_max=attn["pf_max"], attn_pf_hbm=attn["pf_hbm"],
+        attn_pf_block=attn["pf_block"], attn_pf_latency=keep * attn["pf_latency"],
+        attn_dec_hbm=attn["dec_hbm"], attn_dec_block=attn["dec_block"],
+        attn_dec_latency=keep * attn["dec_latency"], attn_dec_split=keep * fit.attn_decode_split_s,
+        attn_dec_max=attn["dec_max"],
+        mla_latent=float(model.mla.kv_lora_rank) if model.mla is not None else 0.0,
+        mla_rope=float(model.mla.qk_rope_head_dim) if model.mla is not None else 0.0,
+        mla_v=float(model.mla.v_head_dim) if model.mla is not None else 0.0,
         elem_s_tok_layer=elementwise.seconds_per_token(elem, hw.hbm_bw, elementwise.kind_fractions(eff)),
         elem_bytes_tok_layer=float(sum(b for _, b in elem)),
         elem_kernels=float(len(elem)), elem_latency=keep * eff.elementwise_latency_s,
