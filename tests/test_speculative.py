@@ -80,8 +80,10 @@ def test_step_parts_by_hand():
     spec = S.parse_speculative("draft:k=3:acceptance=0.7:draft=llama-3.1-8b")
     d = S.lower_draft(rc, spec)
     out = S.price_step(rc, spec, 4, 1000, d)
-    # verification: 4 chunks of K + 1 = 4 tokens after 1000 cached, all 16 positions sampled
-    v = iteration_components_nb(rc.params, 16.0, 4.0, 16.0, 4 * 4 * (1000 + 2.5), 4 * 1004.0, 0.0, 0.0).latency
+    # verification: 4 chunks of K + 1 = 4 tokens after 1000 cached, all 16 positions sampled; vLLM runs a
+    # draft model without async scheduling, so the host work does not overlap the step
+    v = iteration_components_nb(rc.params._replace(host_overlap=0.0), 16.0, 4.0, 16.0, 4 * 4 * (1000 + 2.5),
+                                4 * 1004.0, 0.0, 0.0).latency
     assert out["verify_s"] == v
     draft = 0.0
     for i in range(3):
@@ -133,3 +135,35 @@ def test_cost_shows_the_speculative_step():
     assert sp["expected_tokens"] == pytest.approx(1.8)
     assert sp["draft_ms"] > 0 and sp["verify_ms"] > sp["draft_ms"]
     assert sp["per_token_ms"] == pytest.approx((sp["draft_ms"] + sp["verify_ms"]) / 1.8)
+
+
+def test_vllm_runs_the_host_between_steps_with_ngram_and_draft():
+    # vLLM 0.15.1 keeps async scheduling only for EAGLE / MTP: with ngram (and a draft model) the host's step
+    # work adds to the GPU's. Same verification aggregates, so the difference is the host time itself
+    rc = _rc()
+    fit = rc.engine.fit_for(rc.hw)
+    assert rc.params.host_overlap == 1.0 and rc.engine.overlap_speculative == ("eagle", "mtp")
+    eagle, ngram = S.parse_speculative("eagle:k=3:acceptance=0.5"), S.parse_speculative("ngram:k=3:acceptance=0.5")
+    assert S.host_params(rc, eagle) is rc.params and S.host_params(rc, None) is rc.params
+    assert S.host_params(rc, ngram).host_overlap == 0.0
+    assert S.host_params(rc, S.parse_speculative("draft:k=2:acceptance=0.5:draft=llama-3.1-8b")).host_overlap == 0.0
+    n = 8
+    v_e = S.price_step(rc, eagle, n, 1024)["verify_s"]
+    v_n = S.price_step(rc, ngram, n, 1024)["verify_s"]
+    host = fit.host_step_s + fit.host_per_seq_s * n
+    busy = iteration_components_nb(rc.params, *S.verify_aggregates(float(n), 1024.0, 3))
+    assert busy.latency - busy.overhead > host          # the GPU step hides the host work when overlapped
+    assert v_n - v_e == pytest.approx(host, rel=1e-9)
+
+
+def test_engines_without_the_list_keep_their_overlap(tmp_path):
+    from pathlib import Path
+    sg = build_replica(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), Layout(tp=1), max_tokens=1024,
+                       max_seqs=256, engine=load_engine("sglang"))
+    assert sg.engine.overlap_speculative is None
+    assert S.host_params(sg, S.parse_speculative("ngram:k=3:acceptance=0.5")) is sg.params
+    src = (Path(__file__).resolve().parents[1] / "engines" / "vllm.toml").read_text()
+    bad = tmp_path / "vllm.toml"
+    bad.write_text(src.replace('overlap_speculative = ["eagle", "mtp"]', 'overlap_speculative = ["eagle", "medusa"]'))
+    with pytest.raises(ConfigError, match="overlap_speculative.*medusa"):
+        load_engine(str(bad))

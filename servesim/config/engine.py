@@ -42,6 +42,9 @@ _MOE_TILE_KEYS = ("moe_configs", "moe_default_tile_small", "moe_default_tile")
 # the engine's own NVLink all-reduce limit per TP degree, where it differs from custom_allreduce_max_mib
 _AR_TP_KEY = "allreduce_max_mib_by_tp"
 _HOST_KEYS = ("overlap",)
+_HOST_OPTIONAL = ("overlap_speculative",)
+# the --speculative methods (costmodel/speculative.METHODS is this tuple)
+SPECULATIVE_METHODS = ("draft", "eagle", "mtp", "ngram")
 # Fitted per (engine, hardware): (file key, field, kind). kind: "fraction" (0, 1], "nonneg" >= 0.
 # Formulas in servesim/costmodel/kernels.py; fits in servesim/calibrate/engine_kernels.py.
 FIT_KEYS = (
@@ -223,6 +226,7 @@ class EngineProfile:
     moe_default_tile_small: tuple = (0, 0)   # tile when the batch has at most as many tokens as local experts
     moe_default_tile: tuple = (0, 0)         # otherwise, without a tuned config
     moe_ep_masked: bool = False      # under EP the fused MoE walks every routed pair, zeroing remote ones (costmodel/ep.py)
+    overlap_speculative: tuple | None = None   # speculative methods that keep host_overlap (None: all of them)
 
     def allreduce_max_bytes(self, tp: int, hw=None) -> float:
         """Largest message the engine's own NVLink all-reduce takes for a TP group of ``tp`` GPUs on ``hw``
@@ -416,7 +420,7 @@ def _load_file(path: Path) -> EngineProfile:
                 raise k.error(key, f"must be [rows, columns] of integers >= 1 with moe_configs, got {tile!r}")
             moe_tiles[key] = tuple(tile)
     h = top.table("host")
-    h.expect_keys(_HOST_KEYS)
+    h.expect_keys(_HOST_KEYS, _HOST_OPTIONAL)
 
     hw_table = top.table("hardware")
     tables = {hw_name: hw_table.table(hw_name) for hw_name in hw_table.data}
@@ -427,9 +431,23 @@ def _load_file(path: Path) -> EngineProfile:
         source=top.str("source", nonempty=True), path=path, scheduler=sched, cuda_graph=graphs,
         fused_add_norm=k.bool("fused_add_norm"), allreduce=k.str("allreduce", choices=ALLREDUCE),
         custom_allreduce_max_bytes=k.float("custom_allreduce_max_mib", ge=0.0) * _UNIT["mib"],
-        host_overlap=h.bool("overlap"), fits=fits, allreduce_max_bytes_by_tp=ar_by_tp, **moe_tiles,
+        host_overlap=h.bool("overlap"), overlap_speculative=_overlap_speculative(h), fits=fits, allreduce_max_bytes_by_tp=ar_by_tp, **moe_tiles,
         moe_ep_masked=k.bool("moe_ep_masked") if k.has("moe_ep_masked") else False,
     )
+
+
+def _overlap_speculative(h: Table) -> tuple | None:
+    """``[host] overlap_speculative``: the speculative methods under which the engine keeps its host
+    overlap (the others run the host work between steps); absent: every method keeps it."""
+    if not h.has("overlap_speculative"):
+        return None
+    value = h.data["overlap_speculative"]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise h.error("overlap_speculative", f"must be a list of method names, got {value!r}")
+    bad = [v for v in value if v not in SPECULATIVE_METHODS]
+    if bad:
+        raise h.error("overlap_speculative", f"unknown method {bad[0]!r}; use {', '.join(SPECULATIVE_METHODS)}")
+    return tuple(value)
 
 
 def _read_fit(t: Table, hw_name: str, tables: dict, engine: str) -> EngineFit:

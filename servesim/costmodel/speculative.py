@@ -10,7 +10,9 @@
   layer"); ``mtp``: DeepSeek-V3's multi-token-prediction module, one transformer block of the
   target (MLA and MoE), the 2h -> h projection and the shared head (DeepSeek-V3 report,
   arXiv:2412.19437, sec. 2.2); ``ngram``: prompt lookup on the CPU (vLLM's n-gram proposer), no GPU
-  work; its host time is not priced (not measured here).
+  work; its own CPU time is not priced (no published or measured figure), but an engine that turns
+  its async scheduling off for the method (vLLM for ``draft`` and ``ngram``) runs its host work
+  between the steps (`host_params`).
 - **verify**: one forward of the target over K + 1 query tokens per sequence: GEMMs at n (K + 1)
   rows (the weights read once), attention as a short prefill of K + 1 tokens over the cached KV,
   K + 1 sampled rows per sequence.
@@ -34,10 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from ..config.engine import SPECULATIVE_METHODS
 from ..errors import ConfigError, InfeasibleError
 from .iteration import _gemm_nb, iteration_components_nb
 
-METHODS = ("draft", "eagle", "mtp", "ngram")
+METHODS = SPECULATIVE_METHODS
 MTP_ACCEPTANCE = 0.85        # DeepSeek-V3 report, sec. 5.4.3: 85%-90% for the second token
 _KEYS = ("k", "acceptance", "delta", "acceptance_length", "draft")
 OPTION = "--speculative"
@@ -216,6 +219,16 @@ def draft_time_nb(dp, target_dp, n, kv, k, proj):
     return t
 
 
+def host_params(rc, spec):
+    """The target's CostParams under ``spec`` (None: as lowered): an engine that turns its async
+    scheduling off for this method (not in ``engine.overlap_speculative``: vLLM 0.15.1 keeps it only
+    for EAGLE and MTP) runs its host work between the steps, host_overlap 0."""
+    eng = rc.engine
+    if spec is None or not eng.host_overlap or eng.overlap_speculative is None or spec.method in eng.overlap_speculative:
+        return rc.params
+    return rc.params._replace(host_overlap=0.0)
+
+
 def price_step(rc, spec: Speculative, n: int, ctx: int, draft_rc=None) -> dict:
     """One speculative decode step of ``n`` sequences at context ``ctx`` on the lowered target replica
     ``rc``: draft and verification time (s), the expected tokens per sequence, the time per token and
@@ -223,7 +236,7 @@ def price_step(rc, spec: Speculative, n: int, ctx: int, draft_rc=None) -> dict:
     if draft_rc is None:
         draft_rc = lower_draft(rc, spec)
     plain = iteration_components_nb(rc.params, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
-    verify = iteration_components_nb(rc.params, *verify_aggregates(float(n), float(ctx), spec.k)).latency
+    verify = iteration_components_nb(host_params(rc, spec), *verify_aggregates(float(n), float(ctx), spec.k)).latency
     draft = 0.0
     if draft_rc is not None:
         draft = draft_time_nb(draft_rc.params, rc.params.attn_dp, float(n), float(n * (ctx + 1)), spec.k,
@@ -271,5 +284,5 @@ def lower_draft(rc, spec: Speculative):
     return build_replica(d, rc.hw, lay, 1.0, max_tokens=256, max_seqs=256, engine=rc.engine)
 
 
-__all__ = ["draft_time_nb", "lower_draft", "price_step", "spec_draws", "verify_aggregates", "yields_distribution", "FORM", "METHODS", "MTP_ACCEPTANCE", "Speculative", "acceptance_for_length", "draft_layout",
+__all__ = ["draft_time_nb", "host_params", "lower_draft", "price_step", "spec_draws", "verify_aggregates", "yields_distribution", "FORM", "METHODS", "MTP_ACCEPTANCE", "Speculative", "acceptance_for_length", "draft_layout",
            "draft_model", "expected_tokens", "parse_speculative"]

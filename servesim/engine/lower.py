@@ -346,8 +346,9 @@ def lower_requests(dep: Deployment, requests, seed: int, speculative=None) -> Ke
     chains = chains_of(requests, cfg.block_size, bool(cfg.prefix_caching))
     arrival, prompt, output, u1, u2 = request_arrays(cfg, requests.arrival, requests.prompt, requests.output, seed)
     spec, dps = spec_inputs(speculative, [lp.cost for lp in dep.pools], output, seed)
-    return KernelInputs(tuple(lp.cost.params for lp in dep.pools), cfg, dep.table, arrival, prompt, output, u1, u2,
-                        chains, spec, dps)
+    from ..costmodel.speculative import host_params
+    return KernelInputs(tuple(host_params(lp.cost, speculative) for lp in dep.pools), cfg, dep.table, arrival, prompt,
+                        output, u1, u2, chains, spec, dps)
 
 
 def one_pool(cfg: EngineConfig) -> Pools:
