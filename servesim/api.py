@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 
 from .config import load_hardware, load_model
 from .config.engine import load_engine, replica_provenance
@@ -14,7 +13,7 @@ from .engine.budget import check_run_memory
 from .engine.lower import engine_options, lower_deployment, lower_requests, replica_of
 from .engine.run import run
 from .errors import ConfigError
-from .metrics import requests_frame, summarize
+from .metrics import requests_columns, summarize
 from .options import SimConfig, default_rate, plain
 from .options import options as declared
 from .slo import Slo
@@ -25,13 +24,35 @@ from .workload.arrivals import daily_window
 __all__ = ["Result", "SimConfig", "replica_of", "resolve", "simulate", "warmup"]
 
 
+ITERATION_COLUMNS = ("time_s", "replica", "batch_size", "tokens", "kv_blocks", "waiting")
+
+
 @dataclass
 class Result:
+    """One simulation: its ``config`` and ``summary`` dicts; ``requests`` (one row per request; None for a
+    streamed run) and ``iterations`` (one row per engine step) are pandas DataFrames, built from the
+    run's arrays the first time they are read (a run that is only summarised never imports pandas)."""
     config: dict
     summary: dict
-    requests: pd.DataFrame
-    iterations: pd.DataFrame = field(repr=False)
+    columns: dict | None = field(repr=False)     # metrics.requests_columns (+ the pools' columns)
+    log: tuple = field(repr=False)               # the iteration log's arrays, ITERATION_COLUMNS
     gap_hist: np.ndarray = field(repr=False)
+
+    @property
+    def requests(self):
+        if self.columns is None:
+            return None
+        if "_requests" not in self.__dict__:
+            from .metrics import frame_of
+            self.__dict__["_requests"] = frame_of(self.columns)
+        return self.__dict__["_requests"]
+
+    @property
+    def iterations(self):
+        if "_iterations" not in self.__dict__:
+            import pandas as pd
+            self.__dict__["_iterations"] = pd.DataFrame(dict(zip(ITERATION_COLUMNS, self.log)))
+        return self.__dict__["_iterations"]
 
     def to_json(self) -> str:
         return json.dumps(self.summary, indent=2, sort_keys=False, default=_json_default)
@@ -204,9 +225,9 @@ def _single_summary(cfg: SimConfig, dep, hw):
     return summary_args, config_extra
 
 
-def _pools_summary(cfg: SimConfig, dep, out, df, reqs):
+def _pools_summary(cfg: SimConfig, dep, out, df: dict, reqs):
     """The pools form: the deployment's totals, one entry per pool; per request its session and
-    turn, prefill replica and KV transfer."""
+    turn, prefill replica and KV transfer (added to the request columns ``df``)."""
     lowered, pools, ecfg = dep.pools, dep.table, dep.cfg
     if getattr(reqs, "session", None) is not None and np.any(np.asarray(reqs.session) >= 0):
         df["session"], df["turn"] = np.asarray(reqs.session, np.int64), np.asarray(reqs.turn, np.int64)
@@ -340,7 +361,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
             rate = trace["mean_rate"]
     _check_capacity(cfg, dep, reqs)
     out = run(lower_requests(dep, reqs, cfg.seed, cfg.speculative))
-    df = requests_frame(out, reqs.prompt, reqs.output, dep.cfg.frontend)
+    df = requests_columns(out, reqs.prompt, reqs.output, dep.cfg.frontend)
     if _pool_report(cfg, reqs):
         summary_args, config_extra = _pools_summary(cfg, dep, out, df, reqs)
     else:
@@ -363,9 +384,8 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     summary = _clean({"config": config, **summary, **pools_part})
     from . import progress
     progress.tick()      # one simulation finished (a progress bar listening, servesim/progress.py)
-    iters = pd.DataFrame({"time_s": out.log_time, "replica": out.log_replica, "batch_size": out.log_seqs,
-                          "tokens": out.log_tokens, "kv_blocks": out.log_kv_blocks, "waiting": out.log_waiting})
-    return Result(config, summary, df, iters, out.gap_hist)
+    log = (out.log_time, out.log_replica, out.log_seqs, out.log_tokens, out.log_kv_blocks, out.log_waiting)
+    return Result(config, summary, df, log, out.gap_hist)
 
 
 def _streams(cfg: SimConfig, workload) -> bool:
@@ -435,9 +455,7 @@ def _simulate_stream(cfg: SimConfig, given: SimConfig, model, hw, workload, dep,
     summary = _clean({"config": config, **summary})
     from . import progress
     progress.tick()
-    iters = pd.DataFrame({"time_s": end.log[0], "replica": end.log[1], "batch_size": end.log[2],
-                          "tokens": end.log[3], "kv_blocks": end.log[4], "waiting": end.log[5]})
-    return Result(config, summary, None, iters, end.gap_hist)
+    return Result(config, summary, None, tuple(end.log[:6]), end.gap_hist)
 
 
 def speculative_summary(spec, stats) -> dict:

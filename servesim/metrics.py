@@ -1,4 +1,5 @@
-"""Records -> pandas -> latency percentiles with confidence intervals, throughput, goodput, cost."""
+"""Records -> per-request columns (NumPy) -> latency percentiles with confidence intervals, throughput,
+goodput, cost; the request table as a pandas DataFrame only when one is asked for (`requests_frame`)."""
 from __future__ import annotations
 
 import math
@@ -6,12 +7,12 @@ import re
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from . import intervals as CI
 from .engine import codes as C
 from .engine import kernel as K
 from .errors import ConfigError
+from .rows import Rows
 from .workload.arrivals import DURATION_UNITS
 
 PCTS = (50, 90, 95, 99)
@@ -25,34 +26,49 @@ def parse_duration(text: str, option: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
-def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0) -> pd.DataFrame:
-    """One row per request. ``arrival_s`` is the client's send time; the engine receives the request
-    ``frontend`` seconds later (``engine_arrival_s``). TTFT and E2E run from the send, queueing from the
-    engine's receipt."""
-    n_codes = max(6, int(np.max(out.status)) + 1 if len(out.status) else 6)   # "transfer" only when present (PD)
-    status = pd.Categorical.from_codes(out.status, categories=[C.STATUS_NAMES[i] for i in range(n_codes)])
-    df = pd.DataFrame({
-        "arrival_s": out.arrival, "scheduled_s": out.scheduled, "first_token_s": out.first_token,
-        "finish_s": out.finish, "prompt_tokens": np.asarray(prompt, np.int64),
-        "output_tokens": np.asarray(output, np.int64), "preemptions": out.preemptions,
-        "replica": out.replica, "status": status, "max_gap_s": out.max_gap,
-    })
-    df.index.name = "request"
-    df.insert(1, "engine_arrival_s", df.arrival_s + frontend)
+def requests_columns(out: K.EngineOutput, prompt, output, frontend: float = 0.0) -> dict:
+    """One array per column, one value per request, in the request table's order (`requests_frame`);
+    ``status`` holds the codes (`codes.STATUS_NAMES`). ``arrival_s`` is the client's send time; the
+    engine receives the request ``frontend`` seconds later (``engine_arrival_s``). TTFT and E2E run
+    from the send, queueing from the engine's receipt."""
+    arrival = np.asarray(out.arrival, np.float64)
+    first, finish = np.asarray(out.first_token, np.float64), np.asarray(out.finish, np.float64)
+    output = np.asarray(output, np.int64)
+    cols = {"arrival_s": arrival, "engine_arrival_s": arrival + frontend, "scheduled_s": out.scheduled,
+            "first_token_s": first, "finish_s": finish, "prompt_tokens": np.asarray(prompt, np.int64),
+            "output_tokens": output, "preemptions": out.preemptions, "replica": out.replica,
+            "status": out.status, "max_gap_s": out.max_gap}
     done = out.status == C.DONE
-    df["ttft_s"] = np.where(done, df.first_token_s - df.arrival_s, np.nan)
-    df["e2e_s"] = np.where(done, df.finish_s - df.arrival_s, np.nan)
-    df["queue_s"] = df.scheduled_s - df.engine_arrival_s
-    multi = done & (df.output_tokens.to_numpy() > 1)
-    df["tpot_s"] = np.where(multi, (df.finish_s - df.first_token_s) / np.maximum(df.output_tokens - 1, 1), np.nan)
+    cols["ttft_s"] = np.where(done, first - arrival, np.nan)
+    cols["e2e_s"] = np.where(done, finish - arrival, np.nan)
+    cols["queue_s"] = cols["scheduled_s"] - cols["engine_arrival_s"]
+    multi = done & (output > 1)
+    cols["tpot_s"] = np.where(multi, (finish - first) / np.maximum(output - 1, 1), np.nan)
+    return cols
+
+
+def frame_of(cols: dict):
+    """The request table (pandas), one row per request, from `requests_columns` (and any columns added
+    to them); ``status`` as a categorical of the status names."""
+    import pandas as pd
+    codes = cols["status"]
+    n_codes = max(6, int(np.max(codes)) + 1 if len(codes) else 6)   # "transfer" only when present (PD)
+    df = pd.DataFrame(cols)
+    df["status"] = pd.Categorical.from_codes(codes, categories=[C.STATUS_NAMES[i] for i in range(n_codes)])
+    df.index.name = "request"
     return df
 
 
-def run_batch_size(done: pd.DataFrame) -> int:
+def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0):
+    """The request table (pandas) of one run's records: `frame_of(requests_columns(...))`."""
+    return frame_of(requests_columns(out, prompt, output, frontend))
+
+
+def run_batch_size(done: Rows) -> int:
     """Batch size for one run's intervals: the largest chosen from its TTFT, TPOT, E2E and queueing
     series in arrival order (`intervals.batch_size`). All four are read off the same engine state; the
     slow drift of the decode batch shows clearly in TPOT but hardly in E2E's own autocorrelation."""
-    cols = [done[c].to_numpy(np.float64) for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")]
+    cols = [np.asarray(done[c], np.float64) for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")]
     return max(CI.batch_size(x[np.isfinite(x)]) for x in cols)
 
 
@@ -80,12 +96,12 @@ def _ms(bounds) -> list:
     return [None if v is None else v * 1e3 for v in bounds]
 
 
-def _itl_ci(done: pd.DataFrame, batch: int) -> dict:
+def _itl_ci(done: Rows, batch: int) -> dict:
     """ci95 of the ITL block: the mean's (a ratio, sum(finish - first) / sum(out - 1)); none for the
     percentiles, which come from one histogram of all gaps with no order to batch."""
-    d = done[done.output_tokens > 1]
-    num = (d.finish_s - d.first_token_s).to_numpy(np.float64)
-    den = (d.output_tokens - 1).to_numpy(np.float64)
+    d = done.where(done["output_tokens"] > 1)
+    num = (d["finish_s"] - d["first_token_s"]).astype(np.float64)
+    den = (d["output_tokens"] - 1).astype(np.float64)
     return {"mean": _ms(CI.ratio_ci(num, den, batch))} | {f"p{p}": [None, None] for p in PCTS}
 
 
@@ -108,11 +124,11 @@ def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
     return out
 
 
-def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
+def summarize(cols: dict, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
               replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
               offered_rate: float | None, stages=None, concurrency: int = 0, num_gpus: int | None = None,
               usd_per_hour: float | None = None) -> dict:
-    """The summary of one run. `busy_fraction`: share of time a replica had a micro-batch in flight
+    """The summary of one run from its request columns (`requests_columns`). `busy_fraction`: share of time a replica had a micro-batch in flight
     (any work; near 1 whenever requests overlap, whatever the load); `first_stage_busy_fraction` /
     `later_stage_busy_fraction`: share of time the first / each later pipeline stage computed (the
     first includes host time; None without PP). `stages`: ((rate, duration_s), ...) of a load in
@@ -123,18 +139,20 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     ``hbm_bw`` are then per-GPU means and ``num_blocks`` the mean per replica."""
     end = float(out.stats[K.STAT_END_TIME])
     n_gpus = num_gpus_per_replica * replicas if num_gpus is None else num_gpus
+    df = Rows(cols)
     t0, t1, open_loop = measurement_window(df, warmup, offered_rate is not None)
-    in_window = (df.arrival_s >= warmup) & (df.arrival_s <= t1) if open_loop else df.arrival_s >= warmup
-    measured = df[in_window]
-    done = measured[measured.status == "done"]
+    arrival, status = df["arrival_s"], df["status"]
+    in_window = (arrival >= warmup) & (arrival <= t1) if open_loop else arrival >= warmup
+    measured = df.where(in_window)
+    done = measured.where(measured["status"] == C.DONE)
     if not open_loop:    # offline / closed loop: no offered load; to the last completion of a measured request
-        t1 = float(done.finish_s.max()) if len(done) else end
+        t1 = float(done["finish_s"].max()) if len(done) else end
     window = max(t1 - t0, 1e-12)
-    fin = (df.status == "done").to_numpy()
+    fin = status == C.DONE
     delivered = done
-    if open_loop:     # the columns the rates and goodput read, of the requests completing in the window
-        f = df.finish_s.to_numpy()
-        delivered = df.loc[fin & (f >= t0) & (f <= t1), _RATE_COLUMNS + (_SLO_COLUMNS if slo else [])]
+    if open_loop:     # the requests completing in the window (the rates and goodput read them)
+        f = df["finish_s"]
+        delivered = df.where(fin & (f >= t0) & (f <= t1))
     thr = _throughput(delivered, t0, window, n_gpus)
     if open_loop:
         thr["offered_requests_per_s"] = len(measured) / window
@@ -147,9 +165,9 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     util = utilization(s, replicas=replicas, num_blocks=num_blocks, n_gpus=n_gpus, peak_flops=peak_flops,
                        hbm_bw=hbm_bw)
     time_share = time_shares(s)
-    arrivals_in = np.sort(measured.arrival_s.to_numpy())
+    arrivals_in = np.sort(measured["arrival_s"])
     timeline = _timeline(df, done)
-    unfinished = int((df.status.isin(["waiting", "running", "swapped", "not_arrived", "transfer"])).sum())
+    unfinished = int(np.isin(status, (C.WAITING, C.RUNNING, C.SWAPPED, C.NOT_ARRIVED, C.TRANSFER)).sum())
     if stages is None:
         growth, verdict, reason = _queue_growth(timeline, arrivals_in, offered_rate is not None)
         if offered_rate is None:
@@ -167,11 +185,11 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     saturated = verdict == SATURATED
     b = run_batch_size(done)
     metrics = {
-        "ttft_ms": describe(done.ttft_s.to_numpy(), b),
-        "tpot_ms": describe(done.tpot_s.to_numpy(), b),
+        "ttft_ms": describe(done["ttft_s"], b),
+        "tpot_ms": describe(done["tpot_s"], b),
         "itl_ms": histogram_describe(out.gap_hist, itl_mean) | {"ci95": _itl_ci(done, b)},
-        "e2e_ms": describe(done.e2e_s.to_numpy(), b),
-        "queue_ms": describe(done.queue_s.to_numpy(), b),
+        "e2e_ms": describe(done["e2e_s"], b),
+        "queue_ms": describe(done["queue_s"], b),
     }
     slo_report, attainment, _ = evaluate_slo(slo, metrics, done, window)
     goodput = None
@@ -181,8 +199,8 @@ def summarize(df: pd.DataFrame, out: K.EngineOutput, *, warmup: float, slo: dict
     return {
         "num_requests": int(len(df)),
         "num_measured": int(arrivals_in.size),
-        "num_completed": int((df.status == "done").sum()),
-        "num_rejected": int((df.status == "rejected").sum()),
+        "num_completed": int(fin.sum()),
+        "num_rejected": int((status == C.REJECTED).sum()),
         "saturated": bool(saturated),
         "saturation_verdict": verdict,
         "saturation_reason": reason,
@@ -246,7 +264,7 @@ def _ms_stats(x_s) -> dict:
     return {f"p{p}": CI.sorted_quantile(x, p / 100.0) * 1e3 for p in (50, 90, 99)} | {"mean": float(x.mean()) * 1e3}
 
 
-def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float, until: float = math.inf) -> list[dict]:
+def pools_summary(df, out, pools: list[dict], *, warmup: float, until: float = math.inf) -> list[dict]:
     """One entry per pool. ``pools``: dicts with name, role, hardware, tp, pp, replicas, first (its first
     replica index), num_gpus, usd_per_hour, kv_blocks_per_replica; ``out.pool_stats`` (P x N_STATS)
     holds each pool's share of the run's totals. ``utilisation``: first-stage busy time / (replicas x
@@ -255,11 +273,13 @@ def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float, un
     ``kv_max`` the most on one replica; ``mean_batch_size``: sequences x time / busy time. ``queue_ms`` (mixed and prefill pools): engine arrival to first
     admission of the measured requests that entered the pool (the prefill replica, else the replica
     that served them); not for decode pools (the kernel records no decode start; their requests'
-    wait is in ``kv_transfer_ms``: transfer start to end, of the requests the pool decoded)."""
+    wait is in ``kv_transfer_ms``: transfer start to end, of the requests the pool decoded). ``df``: the
+    request columns (`requests_columns` and the pools' columns), or their table."""
     end = max(float(out.stats[K.STAT_END_TIME]), 1e-12)
-    measured = ((df.arrival_s >= warmup) & (df.arrival_s <= until)).to_numpy()   # the summary's window
-    replica = df.replica.to_numpy()
-    pf = df.pf_replica.to_numpy() if "pf_replica" in df else np.full(len(df), -1)
+    arrival = np.asarray(df["arrival_s"])
+    measured = (arrival >= warmup) & (arrival <= until)    # the summary's window
+    replica = np.asarray(df["replica"])
+    pf = np.asarray(df["pf_replica"]) if "pf_replica" in df else np.full(len(arrival), -1)
     entry = np.where(pf >= 0, pf, replica)
     res = []
     for k, p in enumerate(pools):
@@ -274,10 +294,10 @@ def pools_summary(df: pd.DataFrame, out, pools: list[dict], *, warmup: float, un
                  "preemptions": int(st[K.STAT_PREEMPTIONS])}
         if p["role"] == "decode":
             mine = measured & (replica >= lo) & (replica < hi)
-            item["kv_transfer_ms"] = _ms_stats((df.xfer_end_s - df.xfer_start_s).to_numpy()[mine])
+            item["kv_transfer_ms"] = _ms_stats((np.asarray(df["xfer_end_s"]) - np.asarray(df["xfer_start_s"]))[mine])
         else:
             mine = measured & (entry >= lo) & (entry < hi)
-            item["queue_ms"] = _ms_stats(df.queue_s.to_numpy()[mine])
+            item["queue_ms"] = _ms_stats(np.asarray(df["queue_s"])[mine])
         item["num_requests"] = int(mine.sum())
         res.append(item)
     return res
@@ -292,36 +312,39 @@ def prefix_cache_summary(prefix) -> dict:
             "cpu_reload_s": float(prefix[C.CPU_RELOAD_TIME])}
 
 
-def kv_transfer_summary(df: pd.DataFrame, *, warmup: float, until: float = math.inf) -> dict:
+def kv_transfer_summary(df, *, warmup: float, until: float = math.inf) -> dict:
     """{p50, p90, p99, mean} ms of the KV transfers (end - start) of the measured requests (arriving in
-    [warmup, until])."""
-    d = df[(df.arrival_s >= warmup) & (df.arrival_s <= until)]
-    return _ms_stats((d.xfer_end_s - d.xfer_start_s).to_numpy()) | {"count": int(np.isfinite(d.xfer_end_s).sum())}
+    [warmup, until]); ``df`` as `pools_summary`'s."""
+    arrival = np.asarray(df["arrival_s"])
+    m = (arrival >= warmup) & (arrival <= until)
+    start, end = np.asarray(df["xfer_start_s"])[m], np.asarray(df["xfer_end_s"])[m]
+    return _ms_stats(end - start) | {"count": int(np.isfinite(end).sum())}
 
 
-def measurement_window(df: pd.DataFrame, warmup: float, open_loop: bool) -> tuple[float, float, bool]:
+def measurement_window(df: Rows, warmup: float, open_loop: bool) -> tuple[float, float, bool]:
     """(t0, t1, open_loop): the window of the offered load, which the latency statistics, throughput
     and goodput share. It starts at the end of the warm-up (else the first arrival) and, for an
     open-loop load, ends at its last arrival: with sessions, the last session's first turn (the turns
     after it are the started sessions winding down, no load is offered any more). t1 is returned as
     inf without an open-loop load (the caller ends it at the last completion). A window of one instant
     (one arrival) is no window: the run is then judged as without an offered load."""
-    sent = df.arrival_s[np.isfinite(df.arrival_s)]
+    arrival = df["arrival_s"]
+    sent = arrival[np.isfinite(arrival)]
     t0 = warmup if warmup > 0 else float(sent.min()) if len(sent) else 0.0
     if not open_loop or not len(sent):
         return t0, math.inf, False
-    starts = sent[df.turn[np.isfinite(df.arrival_s)] == 0] if "turn" in df else sent
+    starts = sent[df["turn"][np.isfinite(arrival)] == 0] if "turn" in df else sent
     t1 = float(starts.max()) if len(starts) else float(sent.max())
     if not t1 > t0:
         return t0, math.inf, False
     return t0, t1, True
 
 
-def _throughput(done: pd.DataFrame, t0: float, window: float, n_gpus: int) -> dict:
+def _throughput(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
     """Rates of the requests in ``done`` (those completing in the window [t0, t0 + window]) per second
     of the window, with 95% intervals."""
-    in_tok = float(done.prompt_tokens.sum())
-    out_tok = float(done.output_tokens.sum())
+    in_tok = float(done["prompt_tokens"].sum())
+    out_tok = float(done["output_tokens"].sum())
     return {
         "requests_per_s": len(done) / window,
         "input_tokens_per_s": in_tok / window,
@@ -332,20 +355,20 @@ def _throughput(done: pd.DataFrame, t0: float, window: float, n_gpus: int) -> di
     }
 
 
-def _throughput_ci(done: pd.DataFrame, t0: float, window: float, n_gpus: int) -> dict:
+def _throughput_ci(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
     """95% intervals of the throughput figures: each is a ratio sum(reward) / sum(time) over the
     completions in finish order, time being the gap since the previous completion (the first from the
     window's start) and a last interval of no completion from the last one to the window's end, so
     sum(time) = window (`intervals.ratio_ci`, batches sized from the autocorrelation of the gaps and
     of the tokens). A rate is never negative: lower bounds are clipped at 0."""
-    d = done.sort_values("finish_s", kind="stable")
-    f = d.finish_s.to_numpy(np.float64)
+    order = np.argsort(done["finish_s"], kind="stable")
+    f = done["finish_s"][order].astype(np.float64)
     if f.size == 0:
         return {k: [None, None] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
                                           "output_tokens_per_s_per_gpu", "total_tokens_per_s")}
     gaps = np.append(np.diff(f, prepend=t0), max(t0 + window - f[-1], 0.0))
-    inp = np.append(d.prompt_tokens.to_numpy(np.float64), 0.0)
-    outp = np.append(d.output_tokens.to_numpy(np.float64), 0.0)
+    inp = np.append(done["prompt_tokens"][order].astype(np.float64), 0.0)
+    outp = np.append(done["output_tokens"][order].astype(np.float64), 0.0)
     ones = np.append(np.ones_like(f), 0.0)
     b = max(CI.batch_size(gaps), CI.batch_size(inp + outp), CI.batch_size(outp))
     out = {k: CI.ratio_ci(v, gaps, b) for k, v in (("requests_per_s", ones), ("input_tokens_per_s", inp),
@@ -354,50 +377,46 @@ def _throughput_ci(done: pd.DataFrame, t0: float, window: float, n_gpus: int) ->
     return {k: [None if v[0] is None else max(v[0], 0.0), v[1]] for k, v in out.items()}
 
 
-_RATE_COLUMNS = ["finish_s", "prompt_tokens", "output_tokens"]
-_SLO_COLUMNS = ["ttft_s", "tpot_s", "e2e_s", "queue_s", "max_gap_s"]     # what meets_slo reads
-
-
-def _whole_run(df: pd.DataFrame, fin: np.ndarray) -> dict:
+def _whole_run(df: Rows, fin: np.ndarray) -> dict:
     """The rates as serving benchmarks report them (vLLM's benchmark_serving.py, trtllm-bench): every
     completion (``fin``: the done requests) over the whole run, first send to last completion, the
     drain included."""
-    arrival = df.arrival_s.to_numpy()
+    arrival = df["arrival_s"]
     sent = arrival[np.isfinite(arrival)]
-    f = df.finish_s.to_numpy()[fin]
+    f = df["finish_s"][fin]
     span = max(float(f.max() - sent.min()) if f.size and sent.size else 0.0, 1e-12)
-    in_tok = float(df.prompt_tokens.to_numpy()[fin].sum())
-    out_tok = float(df.output_tokens.to_numpy()[fin].sum())
+    in_tok = float(df["prompt_tokens"][fin].sum())
+    out_tok = float(df["output_tokens"][fin].sum())
     return {"requests_per_s": f.size / span, "input_tokens_per_s": in_tok / span,
             "output_tokens_per_s": out_tok / span, "total_tokens_per_s": (in_tok + out_tok) / span,
             "duration_s": span}
 
 
-def _drain(df: pd.DataFrame, fin: np.ndarray, t1: float) -> dict:
+def _drain(df: Rows, fin: np.ndarray, t1: float) -> dict:
     """After the offered load ends (t1): how long the run took to finish and what it finished then."""
-    f = df.finish_s.to_numpy()
+    f = df["finish_s"]
     after = fin & (f > t1)
     last = float(f[fin].max()) if fin.any() else t1
     return {"start_s": t1, "duration_s": max(last - t1, 0.0), "requests": int(after.sum()),
-            "output_tokens": int(df.output_tokens.to_numpy()[after].sum()),
-            "arrivals": int((df.arrival_s.to_numpy() > t1).sum())}
+            "output_tokens": int(df["output_tokens"][after].sum()),
+            "arrivals": int((df["arrival_s"] > t1).sum())}
 
 
-def _sessions(df: pd.DataFrame, measured: pd.DataFrame, delivered: pd.DataFrame, window: float) -> dict | None:
+def _sessions(df: Rows, measured: Rows, delivered: Rows, window: float) -> dict | None:
     """A sessions run: sessions started, turns offered and completed per second of the window."""
-    if not (df.turn >= 0).any() or not (df.session >= 0).any():
+    if not (df["turn"] >= 0).any() or not (df["session"] >= 0).any():
         return None
-    first = measured[measured.turn == 0]
-    return {"sessions_started": int(len(first)), "sessions_per_s": len(first) / window,
+    first = int((measured["turn"] == 0).sum())
+    return {"sessions_started": first, "sessions_per_s": first / window,
             "offered_turns_per_s": len(measured) / window, "completed_turns_per_s": len(delivered) / window,
-            "turns_per_session": float(df.groupby("session").size().mean())}
+            "turns_per_session": float(np.unique(df["session"], return_counts=True)[1].mean())}
 
 
-def _itl_mean(done: pd.DataFrame) -> float:
+def _itl_mean(done: Rows) -> float:
     """Mean inter-token gap over every gap of the completed requests, sum(finish - first) / sum(out - 1)."""
-    gaps_done = done[done.output_tokens > 1]
-    n_gaps = float((gaps_done.output_tokens - 1).sum())
-    return float((gaps_done.finish_s - gaps_done.first_token_s).sum() / n_gaps) if n_gaps else float("nan")
+    d = done.where(done["output_tokens"] > 1)
+    n_gaps = float((d["output_tokens"] - 1).sum())
+    return float(np.nansum(d["finish_s"] - d["first_token_s"]) / n_gaps) if n_gaps else float("nan")
 
 
 STABLE, SATURATED, UNDETERMINED = "stable", "saturated", "undetermined"
@@ -412,17 +431,19 @@ class _Timeline(NamedTuple):
     finishes: np.ndarray      # completions
     queued: np.ndarray        # arrivals of the requests that queued (all but the rejected ones)
     admitted: np.ndarray      # first admissions to a batch of those (never admitted: absent)
-    late: pd.DataFrame        # arrival_s, queue_s of the admitted requests, by arrival
+    late_arrival: np.ndarray  # arrivals of the admitted requests, in request order
+    late_queue: np.ndarray    # and their queueing delays
 
 
-def _timeline(df: pd.DataFrame, done: pd.DataFrame) -> _Timeline:
-    frontend = (df.engine_arrival_s - df.arrival_s).to_numpy()
-    queued = df[df.status != "rejected"]
-    sched = queued.scheduled_s.to_numpy() - frontend[(df.status != "rejected").to_numpy()]
-    adm = queued[np.isfinite(sched)]
-    return _Timeline(np.sort(df.arrival_s.to_numpy()), np.sort(done.finish_s.to_numpy()),
-                     np.sort(queued.arrival_s.to_numpy()), np.sort(sched[np.isfinite(sched)]),
-                     adm[["arrival_s", "queue_s"]])
+def _timeline(df: Rows, done: Rows) -> _Timeline:
+    frontend = df["engine_arrival_s"] - df["arrival_s"]
+    kept = df["status"] != C.REJECTED
+    queued = df.where(kept)
+    sched = queued["scheduled_s"] - frontend[kept]
+    adm = queued.where(np.isfinite(sched))
+    return _Timeline(np.sort(df["arrival_s"]), np.sort(done["finish_s"]),
+                     np.sort(queued["arrival_s"]), np.sort(sched[np.isfinite(sched)]),
+                     adm["arrival_s"], adm["queue_s"])
 
 
 def _count(sorted_x: np.ndarray, lo: float, hi: float) -> int:
@@ -457,10 +478,11 @@ def _queue_growth(tl: _Timeline, arrivals_in: np.ndarray, open_loop: bool) -> tu
     waiting_end = (int(np.searchsorted(tl.queued, last_arr, side="right"))
                    - int(np.searchsorted(tl.admitted, last_arr, side="right"))) if n_arr else 0
     open_loop = open_loop and last_arr > t_mid
-    late = tl.late[(tl.late.arrival_s > t_mid) & (tl.late.arrival_s <= last_arr)]
+    late = (tl.late_arrival > t_mid) & (tl.late_arrival <= last_arr)
+    late_arrival, late_queue = tl.late_arrival[late], tl.late_queue[late]
     slope = 0.0
-    if open_loop and len(late) >= MIN_WINDOW_ARRIVALS and np.ptp(late.arrival_s.to_numpy()) > 0:
-        slope = float(np.polyfit(late.arrival_s.to_numpy(), late.queue_s.to_numpy(), 1)[0])
+    if open_loop and late_arrival.size >= MIN_WINDOW_ARRIVALS and np.ptp(late_arrival) > 0:
+        slope = float(np.polyfit(late_arrival, late_queue, 1)[0])
     return growth_verdict(arr_w, queued_w, adm_w, dep_w, in_system_end, waiting_end, arrived, slope, open_loop)
 
 
@@ -509,24 +531,24 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
     starts = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
 
     def stage_of(frame):
-        k = np.searchsorted(starts, frame.arrival_s.to_numpy(), side="right") - 1
+        k = np.searchsorted(starts, frame["arrival_s"], side="right") - 1
         return np.clip(k, 0, len(stages) - 1)
 
     k_all, k_meas, k_done = stage_of(df), stage_of(measured), stage_of(done)
-    finished = df.loc[(df.status == "done").to_numpy(), _RATE_COLUMNS + _SLO_COLUMNS]
+    finished = df.where(df["status"] == C.DONE)
     out = []
     for k, (rate, dur) in enumerate(stages):
         start = float(starts[k])
-        d = done[k_done == k]
-        arr_k = np.sort(measured.arrival_s.to_numpy()[k_meas == k])
+        d = done.where(k_done == k)
+        arr_k = np.sort(measured["arrival_s"][k_meas == k])
         growth, verdict, reason = _queue_growth(timeline, arr_k, True)
         t0, t1 = max(start, warmup), start + float(dur)     # the stage's offered load
         window = max(t1 - t0, 1e-12)
-        delivered = finished[(finished.finish_s >= t0) & (finished.finish_s <= t1)]
+        delivered = finished.where((finished["finish_s"] >= t0) & (finished["finish_s"] <= t1))
         b = run_batch_size(d)
         itl = {"mean": _itl_mean(d) * 1e3} | {f"p{p}": None for p in PCTS} | {"ci95": _itl_ci(d, b)}
-        lat = {"ttft_ms": describe(d.ttft_s.to_numpy(), b), "tpot_ms": describe(d.tpot_s.to_numpy(), b),
-               "itl_ms": itl, "e2e_ms": describe(d.e2e_s.to_numpy(), b), "queue_ms": describe(d.queue_s.to_numpy(), b)}
+        lat = {"ttft_ms": describe(d["ttft_s"], b), "tpot_ms": describe(d["tpot_s"], b),
+               "itl_ms": itl, "e2e_ms": describe(d["e2e_s"], b), "queue_ms": describe(d["queue_s"], b)}
         slo_report, attainment, _ = evaluate_slo(slo, lat, d, window)
         goodput = float(meets_slo(slo, delivered).sum() / window) if slo else None
         for v in slo_report.values():  # ITL percentiles are whole-run only (one gap histogram)
@@ -534,7 +556,7 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
                 v["met"] = None
         out.append({"stage": k, "rate": float(rate), "start_s": start, "duration_s": float(dur),
                     "num_requests": int((k_all == k).sum()), "num_measured": int(arr_k.size),
-                    "num_completed": int(len(d)), "saturated": verdict == SATURATED,
+                    "num_completed": len(d), "saturated": verdict == SATURATED,
                     "saturation_verdict": verdict, "saturation_reason": reason, "queue_growth": growth, **lat,
                     "throughput": _throughput(delivered, t0, window, n_gpus)
                     | {"offered_requests_per_s": len(arr_k) / window}, "slo": slo_report,
@@ -555,7 +577,7 @@ def meets_slo(slo, done) -> np.ndarray:
     return ok
 
 
-def evaluate_slo(slo, metrics: dict, done: pd.DataFrame, window: float):
+def evaluate_slo(slo, metrics: dict, done: Rows, window: float):
     """Aggregate targets (e.g. ttft_p99 <= 500 ms) and per-request attainment / goodput:
     a request counts toward goodput when each of its own latencies meets every target
     (DistServe, Zhong et al. OSDI 2024, sec. 2)."""
