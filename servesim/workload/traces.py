@@ -21,10 +21,14 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from servesim.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd     # imported where a trace is read: a run without one never loads pandas
 
 
 @dataclass(frozen=True, eq=False)  # arrays do not compare with ==; a Trace is equal only to itself
@@ -80,6 +84,7 @@ def read_trace(path) -> Trace:
     header = _header(p)
     fmt = _detect(p, header)
     cols = [c for c in (fmt.time, fmt.prompt, fmt.output) if c is not None and c in header]
+    import pandas as pd
     try:
         df = pd.read_csv(p, usecols=lambda c: c.strip() in cols, encoding="utf-8-sig",
                          skip_blank_lines=False, low_memory=False)
@@ -167,6 +172,7 @@ def _quote(raw, limit: int = 40) -> str:
 
 
 def _numeric(p: Path, col: pd.Series, line: np.ndarray, name: str) -> np.ndarray:
+    import pandas as pd
     if pd.api.types.is_numeric_dtype(col.dtype):
         x = col.to_numpy(dtype=np.float64)
     else:
@@ -205,6 +211,7 @@ def _positive(p, x: np.ndarray, line: np.ndarray, name: str) -> None:
 
 
 def _timestamps(p: Path, col: pd.Series, line: np.ndarray, name: str) -> np.ndarray:
+    import pandas as pd
     if pd.api.types.is_numeric_dtype(col.dtype):  # already seconds (some processed copies)
         return _floats(p, col, line, name)
     s = col.astype(str).str.strip()
