@@ -256,6 +256,33 @@ def test_trace_blank_lines_keep_line_numbers(tmp_path):
     assert len(read_trace(p)) == 2
 
 
+SHIPPED_TRACES = sorted((Path(__file__).parent.parent / "workloads" / "traces").glob("*.csv"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_TRACES, ids=lambda p: p.name)
+def test_shipped_traces_read_without_pandas_as_with_it(path, monkeypatch):
+    """A trace of plain numbers is read with the csv module (no pandas at start-up); every shipped
+    trace gives the same arrays as pandas' reader."""
+    import servesim.workload.traces as T
+    assert T._plain_numbers(path, [c for c in ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+                                   if c in T._header(path)]) is not None
+    fast = read_trace(path)
+    monkeypatch.setattr(T, "_plain_numbers", lambda *a: None)
+    slow = read_trace(path)
+    for key in ("arrival_s", "prompt", "output"):
+        a, b = getattr(fast, key), getattr(slow, key)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), key
+    assert (fast.format, fast.dropped, len(fast)) == (slow.format, slow.dropped, len(slow))
+
+
+@pytest.mark.parametrize("cell", ["", " 5", "1_000", "nan", "inf", "0x10", "5 ", "'5'", "1e"])
+def test_trace_cells_that_are_not_plain_numbers_go_to_pandas(cell, tmp_path):
+    import servesim.workload.traces as T
+    p = tmp_path / "t.csv"
+    p.write_text(f"arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1,{cell},3\n")
+    assert T._plain_numbers(p, ["arrived_at", "num_prefill_tokens", "num_decode_tokens"]) is None
+
+
 def test_trace_missing_file():
     with pytest.raises(ConfigError, match="nope.csv"):
         read_trace(DATA / "nope.csv")
