@@ -4,7 +4,7 @@
 
 Times each stage of one `servesim.simulate` of the standard case (llama-3.1-8b on h100-sxm, 4 replicas,
 chat at 80% of the simulated capacity) with a warm numba cache, best of two runs: workload sampling,
-the lowering of the requests, the kernel, the request frame and the summary's metrics; counts the
+the lowering of the requests, the kernel, the request columns and the summary's metrics (NumPy); counts the
 iterations run as decode spans (engine/span.py); and times one call of the step cost
 (`iteration_components_nb`) at a typical decode batch, in a jitted loop, to say how much of the
 kernel is the cost model.
@@ -62,7 +62,7 @@ def main():
         return g
 
     for name, attr in (("sampling", "build_requests"), ("lowering", "lower_requests"), ("kernel", "run"),
-                       ("request frame", "requests_frame"), ("metrics", "summarize")):
+                       ("request columns", "requests_columns"), ("metrics", "summarize")):
         setattr(api, attr, timed(name, getattr(api, attr)))
     best = None
     for _ in range(2):

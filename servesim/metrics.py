@@ -165,7 +165,7 @@ def summarize(cols: dict, out: K.EngineOutput, *, warmup: float, slo: dict, num_
     util = utilization(s, replicas=replicas, num_blocks=num_blocks, n_gpus=n_gpus, peak_flops=peak_flops,
                        hbm_bw=hbm_bw)
     time_share = time_shares(s)
-    arrivals_in = np.sort(measured["arrival_s"])
+    arrivals_in = ascending(measured["arrival_s"])
     timeline = _timeline(df, done)
     unfinished = int(np.isin(status, (C.WAITING, C.RUNNING, C.SWAPPED, C.NOT_ARRIVED, C.TRANSFER)).sum())
     if stages is None:
@@ -441,9 +441,14 @@ def _timeline(df: Rows, done: Rows) -> _Timeline:
     queued = df.where(kept)
     sched = queued["scheduled_s"] - frontend[kept]
     adm = queued.where(np.isfinite(sched))
-    return _Timeline(np.sort(df["arrival_s"]), np.sort(done["finish_s"]),
-                     np.sort(queued["arrival_s"]), np.sort(sched[np.isfinite(sched)]),
+    return _Timeline(ascending(df["arrival_s"]), np.sort(done["finish_s"]),
+                     ascending(queued["arrival_s"]), np.sort(sched[np.isfinite(sched)]),
                      adm["arrival_s"], adm["queue_s"])
+
+
+def ascending(x: np.ndarray) -> np.ndarray:
+    """np.sort(x); x itself when it is in order already (the arrivals of an open-loop run)."""
+    return x if x.size < 2 or bool(np.all(x[1:] >= x[:-1])) else np.sort(x)
 
 
 def _count(sorted_x: np.ndarray, lo: float, hi: float) -> int:
@@ -540,7 +545,7 @@ def _stages(stages, df, measured, done, timeline, slo, warmup, n_gpus) -> list[d
     for k, (rate, dur) in enumerate(stages):
         start = float(starts[k])
         d = done.where(k_done == k)
-        arr_k = np.sort(measured["arrival_s"][k_meas == k])
+        arr_k = ascending(measured["arrival_s"][k_meas == k])
         growth, verdict, reason = _queue_growth(timeline, arr_k, True)
         t0, t1 = max(start, warmup), start + float(dur)     # the stage's offered load
         window = max(t1 - t0, 1e-12)

@@ -27,5 +27,7 @@ class Rows:
         return col
 
     def where(self, mask: np.ndarray) -> Rows:
-        """The rows of these at which ``mask`` (one bool per row of these) is true."""
+        """The rows of these at which ``mask`` (one bool per row of these) is true (these, when all)."""
+        if mask.all():
+            return self
         return Rows(self.cols, np.flatnonzero(mask) if self.index is None else self.index[mask])
