@@ -116,6 +116,32 @@ def sorted_quantile(sorted_x: np.ndarray, q: float) -> float:
     return float(b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t)   # as numpy's _lerp
 
 
+def quantile_ranks(n: int, q: float) -> tuple[int, int]:
+    """The two ranks (0-based, of n sorted values) `sorted_quantile` reads for the q-quantile."""
+    i = int(math.floor((n - 1) * q))
+    return i, min(i + 1, n - 1)
+
+
+class Ranked:
+    """The values np.sort(x) holds at the ranks asked for, read without sorting x: `need` partitions a
+    copy of x around a batch of ranks (np.partition, O(n) where a sort is O(n log n)) and keeps the
+    value at each; ``ranked[i]`` is then sorted(x)[i]. Stands in for the sorted array in
+    `sorted_quantile` and `quantile_ci`."""
+
+    def __init__(self, x: np.ndarray, ranks=()):
+        self.shape, self._work, self._at = x.shape, np.array(x, dtype=np.float64), {}
+        self.need(ranks)
+
+    def need(self, ranks) -> None:
+        new = sorted({int(r) for r in ranks if 0 <= r < self.shape[0]} - self._at.keys())
+        if new:
+            self._work.partition(new)
+            self._at.update((r, self._work[r]) for r in new)
+
+    def __getitem__(self, i: int):
+        return self._at[int(i)]
+
+
 def mean_ci(x: np.ndarray, b: int) -> tuple[float | None, float | None]:
     """Batch-means interval for the mean of x with batches of about b values."""
     n = x.shape[0]
@@ -137,11 +163,17 @@ def quantile_ci(x: np.ndarray, sorted_x: np.ndarray, q: float, b: int) -> tuple[
     n = x.shape[0]
     if n < MIN_VALUES:
         return None, None
-    xq = sorted_quantile(sorted_x, q)
+    lo, hi = quantile_ci_ranks(x, sorted_quantile(sorted_x, q), q, b)
+    return (float(sorted_x[lo]) if lo >= 0 else None), (float(sorted_x[hi]) if hi <= n - 1 else None)
+
+
+def quantile_ci_ranks(x: np.ndarray, xq: float, q: float, b: int) -> tuple[int, int]:
+    """The ranks of `quantile_ci`'s bounds (beyond 0..n-1: no bound on that side), ``xq`` the
+    q-quantile of x."""
+    n = x.shape[0]
     se, df = _se((x <= xq).astype(np.float64), num_batches(n, b))
     half = _t(df) * n * max(se, math.sqrt(q * (1 - q) / n))
-    lo, hi = math.floor(n * q - half), math.ceil(n * q + half)
-    return (float(sorted_x[lo]) if lo >= 0 else None), (float(sorted_x[hi]) if hi <= n - 1 else None)
+    return math.floor(n * q - half), math.ceil(n * q + half)
 
 
 def ratio_ci(num: np.ndarray, den: np.ndarray, b: int) -> tuple[float | None, float | None]:

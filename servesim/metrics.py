@@ -82,12 +82,18 @@ def describe(x_s: np.ndarray, batch: int | None = None) -> dict:
     if x.size == 0:
         return {k: None for k in keys} | {"ci95": {k: [None, None] for k in keys}}
     b = CI.batch_size(x) if batch is None else batch
-    xs = np.sort(x)
+    n = x.size
+    xs = CI.Ranked(x, [r for p in PCTS for r in CI.quantile_ranks(n, p / 100.0)])   # the values a sort would give
     out = {"mean": float(x.mean()) * 1e3}
     ci = {"mean": _ms(CI.mean_ci(x, b))}
+    bounds = {}
     for p in PCTS:
-        out[f"p{p}"] = CI.sorted_quantile(xs, p / 100.0) * 1e3
-        ci[f"p{p}"] = _ms(CI.quantile_ci(x, xs, p / 100.0, b))
+        xq = CI.sorted_quantile(xs, p / 100.0)
+        out[f"p{p}"] = xq * 1e3
+        bounds[p] = CI.quantile_ci_ranks(x, xq, p / 100.0, b) if n >= CI.MIN_VALUES else (-1, n)
+    xs.need(r for pair in bounds.values() for r in pair)
+    for p, (lo, hi) in bounds.items():     # (as CI.quantile_ci)
+        ci[f"p{p}"] = _ms((float(xs[lo]) if lo >= 0 else None, float(xs[hi]) if hi <= n - 1 else None))
     out["ci95"] = ci
     return out
 

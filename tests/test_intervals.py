@@ -143,3 +143,33 @@ def test_summary_reports_ci95_for_every_latency_and_the_table_shows_it():
     assert table.count("95% CI") == 5
     lo, hi = t["ci95"]["requests_per_s"]
     assert f"req/s [{lo:.2f}, {hi:.2f}]" in table
+
+
+def test_ranked_reads_the_sorted_values_without_a_sort():
+    rng = np.random.default_rng(7)
+    for x in (rng.lognormal(size=5001), rng.integers(0, 20, 3000).astype(np.float64), np.ones(10)):
+        xs = np.sort(x)
+        r = I.Ranked(x, [0, len(x) - 1])
+        ranks = list(rng.integers(0, len(x), 40)) + [len(x) // 2]
+        r.need(ranks[:20])
+        r.need(ranks[20:] + [-1, len(x)])            # beyond the sample: ignored
+        for i in [0, len(x) - 1] + ranks:
+            assert r[i] == xs[i]
+        for q in (0.5, 0.9, 0.99):
+            assert I.quantile_ranks(len(x), q)[0] == int(np.floor((len(x) - 1) * q))
+            assert I.sorted_quantile(I.Ranked(x, I.quantile_ranks(len(x), q)), q) == I.sorted_quantile(xs, q)
+            lo, hi = I.quantile_ci(x, xs, q, 10)
+            r.need(I.quantile_ranks(len(x), q) + I.quantile_ci_ranks(x, I.sorted_quantile(xs, q), q, 10))
+            assert (lo, hi) == I.quantile_ci(x, r, q, 10)
+
+
+def test_describe_equals_the_sorted_computation():
+    """metrics.describe reads order statistics by partition: the same figures as from np.sort."""
+    from servesim.metrics import PCTS, describe
+    x = np.random.default_rng(3).gamma(2.0, 0.05, 20_000)
+    got = describe(x, 25)
+    xs = np.sort(x)
+    for p in PCTS:
+        assert got[f"p{p}"] == I.sorted_quantile(xs, p / 100) * 1e3
+        want = [None if v is None else v * 1e3 for v in I.quantile_ci(x, xs, p / 100, 25)]
+        assert got["ci95"][f"p{p}"] == want
