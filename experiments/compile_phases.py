@@ -4,7 +4,8 @@
 
 Runs CODE (default: a 100-request `servesim.simulate`) in a fresh interpreter with an empty
 `NUMBA_CACHE_DIR` and charges the process's CPU time (`time.process_time`) to the phase running at
-each moment: numba's type inference, its IR inlining (``inline="always"``), its lowering to LLVM IR,
+each moment: numba's type inference, its IR inlining (``inline="always"``), its lowering to LLVM IR
+(the CPython wrappers, which let Python call a function, apart),
 LLVM's optimisation of each function as it is added to a library, LLVM's optimisation of a library's
 final module (its code with every callee library linked in), LLVM's machine-code generation of that
 module, and the cache's save. Phases nest (typing a function compiles its callees; lowering
@@ -27,9 +28,9 @@ DEFAULT = "import servesim; servesim.simulate(num_requests=100)"
 
 CHILD = r"""
 import json, sys, time
-from numba.core import caching, codegen, inline_closurecall, typed_passes
+from numba.core import caching, codegen, cpu, inline_closurecall, typed_passes
 
-spent, stack, libs = {}, [], []
+spent, stack, libs, wrappers = {}, [], [], [0]
 
 def timed(cls, name, phase):
     orig = getattr(cls, name)
@@ -44,6 +45,8 @@ def timed(cls, name, phase):
             spent[phase] = spent.get(phase, 0.0) + dt - nested
             if stack:
                 stack[-1] += dt
+            if name == "create_cpython_wrapper":
+                wrappers[0] += 1
             if name == "finalize":
                 lib = a[0]
                 libs.append((lib.name, dt, sum(1 for f in lib._final_module.functions if not f.is_declaration),
@@ -53,6 +56,7 @@ def timed(cls, name, phase):
 timed(typed_passes.BaseTypeInference, "run_pass", "numba: type inference")
 timed(inline_closurecall.InlineWorker, "inline_function", "numba: IR inlining (inline='always')")
 timed(typed_passes.NativeLowering, "run_pass", "numba: lowering to LLVM IR")
+timed(cpu.CPUContext, "create_cpython_wrapper", "numba: lowering the CPython wrappers")
 timed(codegen.CPUCodeLibrary, "_optimize_functions", "LLVM: optimising each function as it is added")
 timed(codegen.CPUCodeLibrary, "finalize", "numba: linking libraries (finalize, rest)")
 timed(codegen.CPUCodeLibrary, "_optimize_final_module", "LLVM: optimising each library's final module")
@@ -64,7 +68,7 @@ total = time.process_time() - t0
 distinct = set()
 for _, _, _, names in libs:
     distinct.update(names)
-json.dump({"total": total, "spent": spent, "libs": [l[:3] for l in libs],
+json.dump({"total": total, "spent": spent, "wrappers": wrappers[0], "libs": [l[:3] for l in libs],
            "defined": sum(l[2] for l in libs), "distinct": len(distinct)}, open(sys.argv[2], "w"))
 """
 
@@ -88,6 +92,7 @@ def main():
         print(f"  {phase:50s} {s:6.1f} s  {s / total:4.0%}")
     rest = total - sum(r["spent"].values())
     print(f"  {'the rest (bytecode analysis, untyped passes, imports, runs)':50s} {rest:6.1f} s  {rest / total:4.0%}")
+    print(f"{r['wrappers']} CPython wrappers lowered (functions callable from Python)")
     libs = sorted(r["libs"], key=lambda lib: -lib[1])
     print(f"{len(libs)} libraries finalised; their final modules define {r['defined']} functions, "
           f"{r['distinct']} distinct (the rest are callees linked into each caller again)")
