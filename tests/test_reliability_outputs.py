@@ -186,6 +186,25 @@ def test_signal_while_simulate_writes_keeps_the_previous_output(tmp_path, sig, s
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before and "untouched" in lines[0]
 
 
+def test_a_signal_held_while_the_folder_is_created_leaves_nothing(tmp_path, monkeypatch):
+    """A SIGTERM sent while the output folder is being created is held (signals blocked) and arrives
+    as the block ends, before the command's `with` body: the new folder is removed as after it."""
+    import contextlib
+
+    from servesim.outputs import atomic
+
+    @contextlib.contextmanager
+    def held_signal_arrives_at_the_end():
+        yield
+        raise atomic.Terminated()
+
+    monkeypatch.setattr(atomic, "_signals_blocked", held_signal_arrives_at_the_end)
+    out = tmp_path / "a" / "new"
+    with pytest.raises(atomic.Terminated):
+        OutputDir(out, "-o", "servesim simulate")
+    assert not out.exists() and not (tmp_path / "a").exists()
+
+
 def test_signal_before_any_output_leaves_nothing(tmp_path):
     out = tmp_path / "new"
     proc = _servesim(["simulate", "--num-requests", "30000", "--rate", "30", "-o", out], tmp_path)

@@ -125,6 +125,10 @@ def check_output_dir(path, option: str = "-o", create: bool = True) -> tuple[Pat
         for q in reversed(made):
             _remove_empty(q)
         raise ConfigError(f"{option} {text}: cannot write there ({_why(e)}); name a folder you can write") from None
+    except (KeyboardInterrupt, Terminated):     # a signal held while creating arrives as the block ends
+        for q in reversed(made):
+            _remove_empty(q)
+        raise
     return p, created
 
 
@@ -222,7 +226,11 @@ class OutputDir:
         self._hint = ""
         self.committed: list[Path] = []
         self.done = False
-        self._clean_stale()
+        try:
+            self._clean_stale()
+        except (KeyboardInterrupt, Terminated) as exc:     # interrupted before the `with` body: as after it
+            self.discard(exc)
+            raise
 
     # -- staging ----------------------------------------------------------------------------------
     @property
