@@ -38,11 +38,26 @@ def test_balanced_rank_load_is_even():
     assert a == 2.0 and t == 2.0
 
 
-def test_power_law_loads_sum_to_the_pairs_and_respect_the_cap():
+def test_power_law_counts_are_whole_pairs_summing_to_t_k_under_the_cap():
     u = np.random.default_rng(1).random(256)
-    x = E.power_law_loads_nb(u, 4096.0, 8.0, 1.0, 0.8 * 4096, 1.01)
-    assert x.max() <= 4096.0
-    assert x.sum() == pytest.approx(4096 * 8, rel=1e-9)     # no cap binds at this size
+    c = E.power_law_counts_nb(u, 4096.0, 8.0, 1.0, 0.8 * 4096, 1.01, 8.0, E.DEFICIT_SPREAD)
+    assert np.all(c == np.round(c)) and c.max() <= 4096.0
+    assert c.sum() == 4096 * 8                                # the rounding's leftover dealt out; no cap binds
+
+
+def test_few_tokens_the_leftover_pairs_go_where_the_generator_puts_them():
+    # 1 token x 8 experts of 256: every weight on [0.01, 2] scales to < 0.5 pair and rounds to 0, so all
+    # 8 pairs are the leftover: "first" puts them on experts 0..7 (one EP-8 rank of 32 holds all 8),
+    # "spread" one on each rank (rank r's first expert)
+    u = np.random.default_rng(2).random(256)
+    first = E.power_law_counts_nb(u, 1.0, 8.0, 0.01, 2.0, 1.01, 8.0, E.DEFICIT_FIRST)
+    spread = E.power_law_counts_nb(u, 1.0, 8.0, 0.01, 2.0, 1.01, 8.0, E.DEFICIT_SPREAD)
+    assert np.array_equal(np.nonzero(first)[0], np.arange(8))
+    assert np.array_equal(np.nonzero(spread)[0], np.arange(8) * 32)
+    assert E.slowest_rank_nb(first, 8) == (8.0, 8.0)
+    assert E.slowest_rank_nb(spread, 8) == (1.0, 1.0)
+    g, pairs, touched = E.skew_table(256, 8, 8, 1.01, 8192, deficit="first")
+    assert pairs[0] == 8.0 and touched[0] == 8.0 and g[0] == 1.0
 
 
 def test_slowest_rank_is_the_largest_block():

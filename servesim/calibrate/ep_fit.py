@@ -8,7 +8,8 @@
 - **MoE under EP**: every ``moe_perf`` row with ``moe_ep_size > 1`` (balanced and power-law routed,
   bf16 and fp8 per-tensor, the gated kernels) predicted with the engine's fused-MoE parameters, which
   were fitted on the EP = 1 balanced rows only (``experiments/fit_engine_kernels.py``), so every EP row
-  is held out; the slowest rank's pairs from `ep.rank_load_nb` at the row's routing, the remote pairs an
+  is held out; the slowest rank's pairs from `ep.rank_load_nb` at the row's routing (power law: the
+  table's generator, ``DEFICIT``), the remote pairs an
   expert-map kernel walks (``moe_ep_masked``) priced as `ep.masked_pairs_time_nb` (`predict_moe_ep`).
 
 The rows are a subset shipped beside the other AIConfigurator copies (``moe_perf_ep.csv.gz``,
@@ -29,6 +30,11 @@ EP_TABLE = "moe_perf_ep"
 A2A_TABLE = "nccl_alltoall_perf"
 EP_KERNELS = {"vllm": "vllm_fused_moe", "sglang": "sglang_fused_moe_triton", "trtllm": "moe_torch_flow_cutlass"}
 MAX_TOKENS = ek.MOE_MAX_TOKENS
+# Where each table's power-law generator deals the pairs its rounding leaves over (costmodel/ep.py,
+# DEFICIT_FIRST / DEFICIT_SPREAD), read off the tables' 1-2 token rows: the B200 vLLM 0.19 rows cost
+# what the balanced rows cost ("spread"); every other table's hottest rank holds all T k pairs ("first").
+DEFICIT = {"vllm-0.19.0": "spread"}
+DEFICIT_DEFAULT = "first"
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)   # the shipped token counts (powers of 2)
 
 
@@ -113,9 +119,11 @@ def alltoall_holdout(frame: pd.DataFrame, link_bw: float) -> pd.DataFrame:
 
 def moe_ep_frame(gpu: str, engine: str) -> pd.DataFrame | None:
     """The shipped EP rows of ``gpu``/``engine`` (None where there are none), with the slowest rank's
-    pairs and touched experts at the row's routing (``alpha`` 0: balanced)."""
+    pairs and touched experts at the row's routing (``alpha`` 0: balanced; power law: the table's own
+    generator, ``DEFICIT``)."""
     from ..costmodel import ep as ep_model
-    path = ek.aiconfigurator_dir() / gpu / ek.engine_folders(gpu)[engine] / f"{EP_TABLE}.csv.gz"
+    folder = ek.engine_folders(gpu)[engine]
+    path = ek.aiconfigurator_dir() / gpu / folder / f"{EP_TABLE}.csv.gz"
     if not path.is_file():
         return None
     t = pd.read_csv(path)
@@ -126,7 +134,8 @@ def moe_ep_frame(gpu: str, engine: str) -> pd.DataFrame | None:
     for i, (tok, e, k, ep, a) in enumerate(zip(t["num_tokens"], t["num_experts"], t["topk"], t["moe_ep_size"], alpha)):
         key = (int(e), int(k), int(ep), float(a))
         if key not in tables:
-            tables[key] = ep_model.skew_table(int(e), int(k), int(ep), float(a), MAX_TOKENS)
+            tables[key] = ep_model.skew_table(int(e), int(k), int(ep), float(a), MAX_TOKENS,
+                                              DEFICIT.get(folder, DEFICIT_DEFAULT))
         g, pa, to = tables[key]
         pairs[i], touched[i] = ep_model.rank_load_nb(float(tok), float(e), float(k), float(ep), g, pa, to)
     f = pd.DataFrame({

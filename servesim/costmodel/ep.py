@@ -12,10 +12,12 @@ Per MoE layer (one engine step, ``tokens`` = the tokens of all DP ranks together
 
 - **the slowest rank's grouped GEMM**: the token-expert pairs routed to the EP rank with the most,
   under a routing model (`rank_load_nb`): ``balanced`` (``expert_skew = 0``: T k / ep pairs each,
-  the AIConfigurator ``balanced`` rows) or power-law expert loads (``expert_skew = alpha > 0``: every
-  expert's load drawn from a bounded power law p(x) ~ x^-alpha, the form of AIConfigurator's
-  ``power_law_<alpha>`` rows, scaled to T k pairs and capped at T, the slowest of the ep ranks
-  taken; the expectation over `DRAWS` seeded draws, tabulated once per replica). The kernel time is
+  the AIConfigurator ``balanced`` rows) or power-law expert loads (``expert_skew = alpha > 0``: the
+  generator of AIConfigurator's ``power_law_<alpha>`` rows, `power_law_counts_nb`: every expert's
+  weight drawn from a bounded power law p(x) ~ x^-alpha, scaled to T k pairs and rounded to whole
+  pairs, the pairs the rounding leaves over dealt out one each, each expert capped at T pairs (a token
+  picks an expert once); the slowest of the ep ranks taken, its pairs and the experts holding at least
+  one; the expectation over `DRAWS` seeded draws, tabulated once per replica). The kernel time is
   the engine's fused-MoE formula (``kernels.moe_experts_time_nb``) at that rank's pairs and touched
   experts.
 - **dispatch and combine** (only with ``attn_dp > 1``: each DP rank's tokens go to the ranks of
@@ -52,6 +54,17 @@ SKEW_OTHER = 1.2
 DRAWS = 64                # draws of the power-law loads per tabulated token count
 SKEW_SEED = 0x45505f       # fixed: the table is a deterministic function of its inputs
 GRID_POINTS = 96          # token counts tabulated (geometric, 1 .. max), linear in between
+# Where the generator deals the pairs its rounding leaves over (T k minus the rounded loads; at T k <= E
+# nearly every load rounds to 0, so at 1-2 tokens these are all of the pairs). Read off the tables
+# (experiments/results/ep_validation.md): in the B200 vLLM 0.19 tables a 1-2 token power-law row costs
+# what the balanced row costs (the pairs spread over the ranks: DEFICIT_SPREAD, the current collector
+# and the serving default); in the H100/H200/A100 tables of vLLM 0.14, SGLang 0.5.9 and TensorRT-LLM
+# 1.x the hottest rank holds all T k pairs at 1-2 tokens (time = T k experts' weights at every EP
+# degree whose ranks hold >= T k experts), then the leftover plus its share of the rounded loads:
+# the leftover goes to experts 0, 1, 2, ... in turn, all on one rank (DEFICIT_FIRST).
+DEFICIT_SPREAD = 0
+DEFICIT_FIRST = 1
+DEFICITS = {"spread": DEFICIT_SPREAD, "first": DEFICIT_FIRST}
 
 
 def default_skew(model) -> float:
@@ -60,10 +73,8 @@ def default_skew(model) -> float:
 
 
 @njit(cache=True)
-def power_law_loads_nb(u, tokens, top_k, lo, hi, alpha):
-    """Expert loads from the uniforms ``u`` (one per expert): inverse-CDF draws of p(x) ~ x^-alpha on
-    [lo, hi], scaled to ``tokens x top_k`` pairs and capped at ``tokens`` (a token picks an expert
-    once)."""
+def _power_law_draws_nb(u, lo, hi, alpha):
+    """Inverse-CDF draws of p(x) ~ x^-alpha on [lo, hi] from the uniforms ``u`` (one per expert)."""
     n = u.shape[0]
     x = np.empty(n)
     if abs(alpha - 1.0) < 1e-9:
@@ -74,16 +85,45 @@ def power_law_loads_nb(u, tokens, top_k, lo, hi, alpha):
         b = hi ** (1.0 - alpha)
         for j in range(n):
             x[j] = ((b - a) * u[j] + a) ** (1.0 / (1.0 - alpha))
-    s = x.sum()
-    for j in range(n):
-        x[j] = min(x[j] / s * tokens * top_k, tokens)
     return x
+
+
+@njit(cache=True)
+def power_law_counts_nb(u, tokens, top_k, lo, hi, alpha, ep, deficit):
+    """Whole pairs per expert as AIConfigurator's power-law generator gives them: the draws of
+    `_power_law_draws_nb` scaled to T k = ``tokens x top_k`` pairs and rounded; the pairs left over
+    (T k minus the rounded sum) one each to experts in turn, ``deficit`` DEFICIT_FIRST: experts 0, 1,
+    2, ... (consecutive: one rank's block first), DEFICIT_SPREAD: one per EP rank in turn (rank r's
+    experts r E/ep, r E/ep + 1, ...); an excess taken one at a time from the largest load; each load
+    then capped at ``tokens``. ``tokens`` a whole number."""
+    n = u.shape[0]
+    x = _power_law_draws_nb(u, lo, hi, alpha)
+    s = x.sum()
+    target = int(round(tokens * top_k))
+    c = np.empty(n, dtype=np.int64)
+    total = 0
+    for j in range(n):
+        c[j] = int(np.floor(x[j] / s * target + 0.5))
+        total += c[j]
+    per = n // int(ep)
+    for i in range(target - total):
+        if deficit == DEFICIT_FIRST:
+            j = i % n
+        else:
+            j = (i % int(ep)) * per + (i // int(ep)) % per
+        c[j] += 1
+    for i in range(total - target):
+        c[np.argmax(c)] -= 1
+    out = np.empty(n)
+    for j in range(n):
+        out[j] = min(float(c[j]), tokens)
+    return out
 
 
 @njit(cache=True)
 def slowest_rank_nb(loads, ep):
     """(pairs, touched experts) of the EP rank with the most pairs; experts in ep consecutive blocks.
-    A touched expert holds at least half a pair (the loads are expectations, AIConfigurator rounds)."""
+    A touched expert holds at least half a pair (whole pairs from `power_law_counts_nb`: at least one)."""
     per = loads.shape[0] // ep
     best = -1.0
     touched = 0.0
@@ -101,10 +141,10 @@ def slowest_rank_nb(loads, ep):
 
 
 @njit(cache=True)
-def skew_table_nb(grid, experts, top_k, ep, alpha, u):
-    """Mean (pairs, touched) of the slowest rank at each token count of ``grid`` over the draws ``u``
-    (draws x experts uniforms). Loads on [1, 0.8 T] when T k exceeds the experts, else on
-    [0.01, 2] (few pairs: most experts get none)."""
+def skew_table_nb(grid, experts, top_k, ep, alpha, u, deficit):
+    """Mean (pairs, touched) of the slowest rank at each token count of ``grid`` (whole numbers) over
+    the draws ``u`` (draws x experts uniforms), loads from `power_law_counts_nb`: weights on [1, 0.8 T]
+    when T k exceeds the experts, else on [0.01, 2] (few pairs: most experts get none)."""
     n = grid.shape[0]
     pairs = np.zeros(n)
     touched = np.zeros(n)
@@ -115,7 +155,7 @@ def skew_table_nb(grid, experts, top_k, ep, alpha, u):
         else:
             lo, hi = 0.01, 2.0
         for d in range(u.shape[0]):
-            a, b = slowest_rank_nb(power_law_loads_nb(u[d], t, top_k, lo, hi, alpha), int(ep))
+            a, b = slowest_rank_nb(power_law_counts_nb(u[d], t, top_k, lo, hi, alpha, ep, deficit), int(ep))
             pairs[i] += a
             touched[i] += max(b, 1.0)
         pairs[i] /= u.shape[0]
@@ -123,14 +163,17 @@ def skew_table_nb(grid, experts, top_k, ep, alpha, u):
     return pairs, touched
 
 
-def skew_table(experts: int, top_k: int, ep: int, alpha: float, max_tokens: float):
+def skew_table(experts: int, top_k: int, ep: int, alpha: float, max_tokens: float, deficit: str = "spread"):
     """(grid, pairs, touched) of the slowest rank under power-law loads, for `rank_load_nb`; empty
-    arrays for a balanced router (alpha 0) or ep = 1."""
+    arrays for a balanced router (alpha 0) or ep = 1. ``deficit``: "spread" (the generator of the
+    newest tables, B200 vLLM 0.19: the serving default) or "first" (that of the vLLM 0.14, SGLang
+    0.5.9 and TensorRT-LLM 1.x tables; see DEFICIT_FIRST)."""
     if alpha <= 0.0 or ep <= 1:
         return np.zeros(0), np.zeros(0), np.zeros(0)
     grid = np.unique(np.round(np.geomspace(1.0, max(float(max_tokens), 2.0), GRID_POINTS)))
     u = np.random.default_rng(SKEW_SEED).random((DRAWS, int(experts)))
-    pairs, touched = skew_table_nb(grid, float(experts), float(top_k), float(ep), float(alpha), u)
+    pairs, touched = skew_table_nb(grid, float(experts), float(top_k), float(ep), float(alpha), u,
+                                   DEFICITS[deficit])
     return grid, pairs, touched
 
 
@@ -237,6 +280,6 @@ def moe_parallel(model, tp: int, attn_dp: int, ep: int) -> int:
     return (tp * attn_dp) // ep
 
 
-__all__ = ["DRAWS", "SKEW_DEEPSEEK", "SKEW_OTHER", "alltoall_link", "alltoall_nb", "default_skew",
-           "dispatch_combine_nb", "ep_tokens_nb", "masked_pairs_time_nb", "moe_parallel", "power_law_loads_nb",
-           "rank_load_nb", "skew_table", "skew_table_nb", "slowest_rank_nb"]
+__all__ = ["DEFICITS", "DEFICIT_FIRST", "DEFICIT_SPREAD", "DRAWS", "SKEW_DEEPSEEK", "SKEW_OTHER", "alltoall_link",
+           "alltoall_nb", "default_skew", "dispatch_combine_nb", "ep_tokens_nb", "masked_pairs_time_nb", "moe_parallel",
+           "power_law_counts_nb", "rank_load_nb", "skew_table", "skew_table_nb", "slowest_rank_nb"]
