@@ -428,11 +428,16 @@ def misses(errors: pd.DataFrame, vidur: pd.DataFrame, fitted: dict) -> list:
           "(`attn_decode_hbm_fraction` below; 0.67 at most in any row), with a larger spread.",
           "- **Fused MoE**: the Triton (vLLM, SGLang) and CUTLASS (TensorRT-LLM) MoE kernels pick their block "
           "sizes per shape and token count from tuned tables, and one efficiency per engine cannot follow the "
-          "switches: the band table below shows the formula too slow at 1-16 tokens for SGLang and vLLM, too fast "
-          "at 257-2048 tokens (8-64 rows per expert, where weight streaming and tensor-core work overlap only "
-          "partly), and TensorRT-LLM's largest errors at 2049-8192 tokens. Adding compute and memory instead of "
-          "the roofline max was tried and is worse (median 22-33%); smaller tiles (16, 32 rows) did not help "
-          "either. The routed-pair term (`moe_pair_us`, see Design choices) removed the EP bias.",
+          "switches: the band table below shows the formula too slow at 1-16 tokens for SGLang, and "
+          "TensorRT-LLM's largest errors at 2049-8192 tokens. vLLM's tiles are known (its tuned configs and "
+          "`get_default_config`), and its default 64 x 64 tile, K step 32, streams its weights in 64-byte runs "
+          "at ~0.66 of HBM where the tuned tiles' 64-256-element K steps reach ~0.88 (weight bytes over the "
+          "time at 1-32 rows per expert, H100): `moe_stream_bytes` prices that (H100 87 bytes, H200 96; see "
+          "Design choices); B200's default-tile rows show no such loss (vLLM 0.19; written as 0). vLLM's fp8 "
+          "rows are priced untiled (serving runs CUTLASS W8A8) and stay the largest vLLM miss. Adding compute "
+          "and memory instead of the roofline max was tried and is worse (median 22-33%); smaller tiles (16, 32 "
+          "rows) did not help either. The routed-pair term (`moe_pair_us`, see Design choices) removed the EP "
+          "bias.",
           "- **All-reduce, TensorRT-LLM on A100**: the measured time jumps where TensorRT-LLM switches algorithm "
           "(one-shot -> two-shot -> NCCL, e.g. 2 GPUs: 11.6 us at 512 Ki elements, 47.6 us at 1 Mi), and its "
           "fitted `allreduce_step_latency_us` absorbs that jump.",
@@ -560,7 +565,9 @@ def write_report(errors: pd.DataFrame, vidur: pd.DataFrame, fitted: dict, timing
           "`+ allreduce_eager_launch_us + 2 S / (hbm_bw gemm_hbm_fraction)` (host launch, and the copy of the "
           "input into the registered buffer).",
           "- **Fused MoE**: `moe_latency_us + tokens top_k x moe_pair_us + grouped(up) + grouped(down)`, each a GEMM roofline over touched x "
-          "ceil(m/Tm) ceil(n/128) tiles with m = assignments / touched, at `moe_efficiency x gemm_max` (fp8: "
+          "ceil(m/Tm) ceil(n/Tn) tiles (vLLM: the tile its configs pick, capped at the L2 feed's `moe_tile_ridge`, "
+          "its weights at min(1, K step x bytes / `moe_stream_bytes`) of the GEMM's streaming rate; else the "
+          "faster of 16, 64, 128 x 128) with m = assignments / touched, at `moe_efficiency x gemm_max` (fp8: "
           "`moe_fp8_*` at the fp8 peak); assignments = tokens top_k / EP, touched = distinct local experts given "
           "by the caller's router model (these tables: balanced, min(E/EP, tokens top_k / EP); uniform random "
           "routing: E (1 - (1 - k/E)^T)). `moe_pair_us`: the routing, sort/align and (un)permute kernels walk every routed "
@@ -606,7 +613,14 @@ def write_report(errors: pd.DataFrame, vidur: pd.DataFrame, fitted: dict, timing
           "and the vLLM p90 68% -> 42%. Dropping `moe_latency_us` instead (two parameters) is worse for "
           "TensorRT-LLM.",
           "- MoE: touched experts min(E, T k) (the tables' balanced router) rather than E (1 - (1 - k/E)^T), which "
-          "undercounts them near T = E / k; compute + memory, and 16/32-row tiles, were worse or no better.", ""]
+          "undercounts them near T = E / k; compute + memory, and 16/32-row tiles, were worse or no better.",
+          "- MoE, `moe_stream_bytes` (vLLM, the K step of the known tile; 2026-12-06): without it vLLM's "
+          "default-tile rows at 257-2048 tokens were -8..-15% (H100) and -9..-13% (H200) too fast; with it the "
+          "bf16 5-fold held-out median goes 10.8% -> 7.2% (H100) and 11.9% -> 10.4% (H200), decode batches "
+          "7.6% -> 5.6% and 12.0% -> 10.8%. It is identified by the default tile alone (no tuned H100/H200 "
+          "config has a 32-element K step), so it is one ratio for that config, read as a byte run. Reading "
+          "the weights once per 64-row block of an expert instead of once per expert (no L2 reuse) was worse "
+          "(held out 7.2% against 7.0% in the prototype, +20..+40% at 2049-8192 tokens).", ""]
     L += ["## Rows and ranges", "",
           f"- GEMM: m in 1..8192 on the shipped grid; n, k >= {ek.GEMM_MIN_NK} fitted (n or k of 32-64 run GEMV / "
           "split-K paths no LLM linear layer has; their error is listed as 'outside range'). bf16 parameters are "
@@ -691,6 +705,7 @@ def write_engine_profiles(fit: dict) -> None:
                 vals.update(moe_fp8_efficiency=vals["moe_efficiency"], moe_fp8_latency_us=vals["moe_latency_us"])
                 notes.append("moe_fp8 keys: the bf16 ones (no fp8 MoE rows)")
             vals.setdefault("moe_tile_ridge", 0.0)   # engines whose MoE tiles are not known: no tile cap
+            vals.setdefault("moe_stream_bytes", 0.0)   # ... and no K-step streaming cap
             if "allreduce_eager_launch_us" not in vals:
                 vals["allreduce_eager_launch_us"] = 0.0
                 notes.append("allreduce_eager_launch_us: 0 (no eager rows; the engine runs none)")

@@ -32,6 +32,42 @@ from servesim.config.engine import load_engine  # noqa: E402
 REPORT = REPO / "experiments" / "results" / "ep_validation.md"
 TARGET = 0.15
 BANDS = [0, 16, 128, 1024, 8192]
+# The same held-out rows before the routing model followed the tables' generator and before vLLM's
+# K-step streaming term (this report at a3f4035, 2026-12-06): median |error| %, median signed %.
+BEFORE_COMMIT = "a3f4035"
+BEFORE_ALL = (20.7, 15.8, 23.1)     # all rows, balanced, power law
+BEFORE = {
+    ("a100-sxm-80gb", "vllm", "power_law_1.01"): (24.3, -0.9),
+    ("a100-sxm-80gb", "vllm", "power_law_1.2"): (25.0, -0.3),
+    ("b200", "vllm", "balanced"): (12.7, +2.0),
+    ("b200", "vllm", "power_law_1.01"): (14.6, -4.2),
+    ("b200", "vllm", "power_law_1.2"): (14.7, -5.5),
+    ("h100-sxm", "sglang", "balanced"): (18.8, +12.0),
+    ("h100-sxm", "sglang", "power_law_1.01"): (23.1, -5.5),
+    ("h100-sxm", "sglang", "power_law_1.2"): (22.7, -7.0),
+    ("h100-sxm", "trtllm", "balanced"): (12.6, -2.4),
+    ("h100-sxm", "trtllm", "power_law_1.01"): (23.7, -18.8),
+    ("h100-sxm", "trtllm", "power_law_1.2"): (24.3, -19.9),
+    ("h100-sxm", "vllm", "balanced"): (19.3, -15.6),
+    ("h100-sxm", "vllm", "power_law_1.01"): (26.1, -24.7),
+    ("h100-sxm", "vllm", "power_law_1.2"): (25.9, -24.4),
+    ("h200-sxm", "vllm", "balanced"): (23.1, -19.3),
+    ("h200-sxm", "vllm", "power_law_1.01"): (28.7, -26.8),
+    ("h200-sxm", "vllm", "power_law_1.2"): (28.3, -26.3),
+    ("balanced", "(0, 16]"): (15.4, +2.5),
+    ("balanced", "(1024, 8192]"): (21.3, -7.1),
+    ("balanced", "(128, 1024]"): (16.2, -8.8),
+    ("balanced", "(16, 128]"): (13.0, -1.1),
+    ("power law", "(0, 16]"): (34.2, -28.1),
+    ("power law", "(1024, 8192]"): (22.6, -8.1),
+    ("power law", "(128, 1024]"): (17.9, -12.7),
+    ("power law", "(16, 128]"): (15.5, -9.6),
+}
+
+
+def before(key) -> str:
+    b = BEFORE.get(key)
+    return f"{b[0]:.1f}% | {b[1]:+.1f}%" if b else "- | -"
 
 
 def med(e) -> str:
@@ -83,17 +119,31 @@ def run_moe(lines: list) -> pd.DataFrame:
             rows.append(f)
     f = pd.concat(rows, ignore_index=True)
     f["band"] = pd.cut(f["tokens"], BANDS).astype(str)
+    gens = ", ".join(f"{folder}: {d}" for folder, d in sorted(ep_fit.DEFICIT.items()))
     lines += ["## Fused MoE under expert parallelism (every EP > 1 row held out)", "",
-              "| GPU | engine | routing | rows | median error | bias | p90 |", "|---|---|---|---:|---:|---:|---:|"]
+              "Power-law rows: the slowest rank's pairs and touched experts from the tables' own generator "
+              f"(`costmodel/ep.py` `power_law_counts_nb`; the rounding's leftover pairs placed \"{ep_fit.DEFICIT_DEFAULT}\" "
+              f"in every table but {gens}; `calibrate/ep_fit.py` DEFICIT). 'Before': the same rows in this "
+              f"report at {BEFORE_COMMIT} (routing by expected loads; vLLM's tiles without the K-step streaming "
+              "term).", "",
+              "| GPU | engine | routing | rows | median error | bias | p90 | before: median | before: bias |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for (gpu, engine, dist), g in f.groupby(["gpu", "engine", "distribution"]):
         lines.append(f"| {gpu} | {engine} | {dist} | {len(g)} | {med(g['err'])} | {bias(g['err'])} | "
-                     f"{np.percentile(np.abs(g['err']), 90) * 100:.1f}% |")
+                     f"{np.percentile(np.abs(g['err']), 90) * 100:.1f}% | {before((gpu, engine, dist))} |")
+    b_all, b_bal, b_pl = BEFORE_ALL
     lines += ["", f"All rows: {len(f)}, median |error| {med(f['err'])} (target {TARGET * 100:.0f}%); balanced "
-              f"{med(f[f['alpha'] == 0]['err'])}, power law {med(f[f['alpha'] > 0]['err'])}.", "",
-              "| routing | tokens | rows | median error | bias |", "|---|---|---:|---:|---:|"]
+              f"{med(f[f['alpha'] == 0]['err'])}, power law {med(f[f['alpha'] > 0]['err'])} (before: {b_all}%; "
+              f"{b_bal}%, {b_pl}%).", "",
+              "| routing | tokens | rows | median error | bias | before: median | before: bias |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for (dist, band), g in f.groupby([f["alpha"] > 0, "band"]):
-        lines.append(f"| {'power law' if dist else 'balanced'} | {band} | {len(g)} | {med(g['err'])} | "
-                     f"{bias(g['err'])} |")
+        name = "power law" if dist else "balanced"
+        lines.append(f"| {name} | {band} | {len(g)} | {med(g['err'])} | {bias(g['err'])} | {before((name, band))} |")
+    lines += ["", "By engine, GPU and dtype:", "", "| GPU | engine | dtype | rows | median error | bias |",
+              "|---|---|---|---:|---:|---:|"]
+    for (gpu, engine, dtype), g in f.groupby(["gpu", "engine", "dtype"]):
+        lines.append(f"| {gpu} | {engine} | {dtype} | {len(g)} | {med(g['err'])} | {bias(g['err'])} |")
     lines.append("")
     return f
 

@@ -139,7 +139,7 @@ def test_slowest_rank_experts_by_hand_balanced():
     a = tokens * 8 / 8
     want = moe_experts_time_nb(a, min(32.0, a), a, 7168.0, 2048.0, True, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw,
                                p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,
-                               0.0, 0.0, p.moe_ridge)
+                               0.0, 0.0, p.moe_ridge, 0.0, p.moe_stream)
     assert p.exp_inter == 2048.0 and p.moe_tile_keys.size == 0     # fp8: no tuned Triton tiles
     assert routed_experts_nb(p, m) == pytest.approx(want, rel=1e-12)
 

@@ -266,21 +266,37 @@ def test_moe_is_latency_plus_routing_plus_up_and_down_grouped_gemms():
     up = kn.grouped_gemm_time_nb(touched, assign / touched, hidden, 2 * inter, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
     down = kn.grouped_gemm_time_nb(touched, assign / touched, inter, hidden, 2.0, 2.0, PEAK, BW, 132.0, frac, HF, K0)
     t = kn.moe_experts_time_nb(assign, touched, pairs, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0,
-                               eff, lat, pair_time, 0.0, 0.0, 0.0)
+                               eff, lat, pair_time, 0.0, 0.0, 0.0, 0.0, 0.0)
     assert t == pytest.approx(lat + pairs * pair_time + up + down, rel=1e-12)
     assert kn.moe_experts_time_nb(0.0, 0.0, 0.0, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX, HF, K0, eff,
-                                  lat, pair_time, 0.0, 0.0, 0.0) == 0.0
+                                  lat, pair_time, 0.0, 0.0, 0.0, 0.0, 0.0) == 0.0
 
 
 def test_moe_with_one_token_per_expert_streams_the_touched_weights():
     hidden, inter = 7168.0, 2048.0
     def t(touched):
         return kn.moe_experts_time_nb(touched, touched, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0, GMAX,
-                                      HF, K0, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0)
+                                      HF, K0, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     per_expert = (3 * hidden * inter * 2 + (2 * inter + hidden) * 2 + (hidden + inter) * 2) / (BW * HF)
     assert t(8.0) == pytest.approx(8 * per_expert, rel=1e-12)
     assert t(64.0) == pytest.approx(8 * t(8.0), rel=1e-12)
     assert kn.balanced_experts_nb(16.0, 256.0) == 16.0 and kn.balanced_experts_nb(4096.0, 256.0) == 256.0
+
+
+def test_moe_weights_of_a_short_k_step_stream_at_the_run_over_stream_bytes():
+    # one token per expert, 16-row tiles: weight-bound. A 32-element K step of bf16 reads 64-byte runs of
+    # each weight row: with stream_bytes 96 the weights take 96 / 64 as long; a 64-element step (128 bytes)
+    # streams at the full rate, as does any step with stream_bytes 0
+    hidden, inter, touched = 7168.0, 2048.0, 8.0
+    def t(tile_k, stream):
+        return kn.moe_experts_time_nb(touched, touched, touched, hidden, inter, True, 2.0, 2.0, PEAK, BW, 132.0,
+                                      GMAX, HF, K0, 0.3, 0.0, 0.0, 16.0, 64.0, 0.0, tile_k, stream)
+    w = touched * 3 * hidden * inter * 2 / (BW * HF)
+    act = touched * ((2 * inter + hidden) * 2 + (hidden + inter) * 2) / (BW * HF)
+    assert t(64.0, 0.0) == pytest.approx(w + act, rel=1e-12)
+    assert t(64.0, 96.0) == pytest.approx(w + act, rel=1e-12)
+    assert t(32.0, 96.0) == pytest.approx(w * 96.0 / 64.0 + act, rel=1e-12)
+    assert kn.moe_stream_fraction_nb(32.0, 1.0, 96.0) == pytest.approx(32.0 / 96.0)   # fp8: 32-byte runs
 
 
 # -- sm_count in the hardware profiles ----------------------------------------------------------

@@ -83,7 +83,7 @@ ALLREDUCE_PARAMS = ("allreduce_latency_us", "allreduce_bw_fraction", "allreduce_
 MOE_PARAMS = ("moe_efficiency", "moe_latency_us")
 MOE_FP8_PARAMS = ("moe_fp8_efficiency", "moe_fp8_latency_us")
 MOE_SHARED_PARAMS = ("moe_pair_us",)
-MOE_TILE_PARAMS = ("moe_tile_ridge",)   # engines whose fused-MoE tiles are known (engine profile moe_configs)
+MOE_TILE_PARAMS = ("moe_tile_ridge", "moe_stream_bytes")   # engines whose fused-MoE tiles are known (moe_configs)
 NCCL_PARAMS = ("scaleup_bw_fraction", "scaleup_latency_us", "collective_base_latency_us")
 LAUNCH_PARAMS = ("launch_us",)
 # Physical bounds (file units): fractions of a datasheet figure, microseconds, K steps, key blocks.
@@ -101,7 +101,7 @@ BOUNDS = {
     "allreduce_step_latency_us": (0.0, 100.0), "allreduce_eager_launch_us": (0.0, 500.0),
     "moe_efficiency": (0.01, 1.0), "moe_latency_us": (0.0, 500.0),
     "moe_fp8_efficiency": (0.01, 1.0), "moe_fp8_latency_us": (0.0, 500.0), "moe_pair_us": (0.0, 1.0),
-    "moe_tile_ridge": (1.0, 1000.0),
+    "moe_tile_ridge": (1.0, 1000.0), "moe_stream_bytes": (16.0, 512.0),
     "scaleup_bw_fraction": (0.05, 1.0), "scaleup_latency_us": (0.0, 50.0),
     "collective_base_latency_us": (0.0, 100.0),
     "launch_us": (0.0, 100.0),
@@ -120,7 +120,7 @@ START = {
     "allreduce_latency_us": 4.0, "allreduce_bw_fraction": 0.7,
     "allreduce_step_latency_us": 5.0, "allreduce_eager_launch_us": 20.0, "moe_efficiency": 0.8,
     "moe_latency_us": 20.0, "moe_fp8_efficiency": 0.2, "moe_fp8_latency_us": 20.0, "moe_pair_us": 0.01,
-    "moe_tile_ridge": 100.0,
+    "moe_tile_ridge": 100.0, "moe_stream_bytes": 100.0,
     "scaleup_bw_fraction": 0.7, "scaleup_latency_us": 1.0, "collective_base_latency_us": 10.0,
     "launch_us": 5.0,
     "mla_decode_max": 0.5, "mla_decode_hbm_fraction": 0.8, "mla_decode_block_us": 3.0, "mla_decode_latency_us": 10.0,
@@ -353,8 +353,7 @@ def moe_frame(gpu: str, engine: str, folder=None) -> pd.DataFrame | None:
     f["shape"] = [f"{int(h)}/{int(i)}/{int(e)}/{int(k)}" for h, i, e, k in
                   zip(f["hidden"], t["inter_size"], f["experts"], f["topk"])]
     # the tile the engine's kernel runs for each row (vLLM's tuned configs or its default; 0: not known)
-    tm, tn = moe_tiles(engine, GPUS.get(gpu, gpu), f)
-    f["tile_m"], f["tile_n"] = tm, tn
+    f["tile_m"], f["tile_n"], f["tile_k"] = moe_tiles(engine, GPUS.get(gpu, gpu), f)
     # serving range: the token budget of a step, experts sharded by TP only (expert parallelism is
     # not modelled in serving yet; its rows are reported apart)
     f["in_range"] = (f["tokens"] <= MOE_MAX_TOKENS) & (f["ep"] == 1.0)
@@ -371,20 +370,21 @@ def moe_tuned(engine: str, hw_name: str, f: pd.DataFrame) -> np.ndarray:
     local = (f["experts"] / f["ep"]).round().astype(int).to_numpy()
     width = f["inter"].round().astype(int).to_numpy()
     dtype = f["dtype"].to_numpy()
-    return np.array([d == "bf16" and tile_table(eng, hw_name, "16bit", e, n)[3] for e, n, d in zip(local, width, dtype)],
+    return np.array([d == "bf16" and tile_table(eng, hw_name, "16bit", e, n)[4] for e, n, d in zip(local, width, dtype)],
                     dtype=bool)
 
 
 def moe_tiles(engine: str, hw_name: str, f: pd.DataFrame) -> tuple:
-    """(tile_m, tile_n) per row of a MoE frame: the tile ``engine``'s profile says its kernel picks on
-    ``hw_name`` for the row's local experts, width per GPU, dtype and tokens (zeros where the profile
-    has no tile data)."""
+    """(tile_m, tile_n, tile_k) per row of a MoE frame: the tile ``engine``'s profile says its kernel
+    picks on ``hw_name`` for the row's local experts, width per GPU, dtype and tokens (zeros where the
+    profile has no tile data)."""
     from servesim.config.engine import list_engines, load_engine
     from servesim.costmodel.moe_tiles import pick_tile_nb, tile_table
     tm = np.zeros(len(f))
     tn = np.zeros(len(f))
+    tk = np.zeros(len(f))
     if engine not in list_engines():
-        return tm, tn
+        return tm, tn, tk
     eng = load_engine(engine)
     local = (f["experts"] / f["ep"]).round().astype(int).to_numpy()
     width = f["inter"].round().astype(int).to_numpy()
@@ -396,9 +396,9 @@ def moe_tiles(engine: str, hw_name: str, f: pd.DataFrame) -> tuple:
         key = (e, n, "16bit")
         if key not in cache:
             cache[key] = tile_table(eng, hw_name, "16bit", e, n)
-        keys, bm, bn, _ = cache[key]
-        tm[i], tn[i] = pick_tile_nb(keys, bm, bn, float(tok))
-    return tm, tn
+        keys, bm, bn, bk, _ = cache[key]
+        tm[i], tn[i], tk[i] = pick_tile_nb(keys, bm, bn, bk, float(tok))
+    return tm, tn, tk
 
 
 # -- vectorised predictions (each calls the kernel formula row by row) ---------------------------
@@ -456,13 +456,13 @@ def _nccl_many_nb(nbytes, n, bw, alpha, base, algorithm):
 
 @njit(cache=True)
 def _moe_many_nb(assignments, touched, pairs, hidden, inter, w_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, k0, eff,
-                 lat, pair_time, tile_m, tile_n, ridge):
+                 lat, pair_time, tile_m, tile_n, ridge, tile_k, stream):
     out = np.empty(assignments.shape[0])
     for i in range(assignments.shape[0]):
         a = 2.0 if w_bytes[i] == 2.0 else 1.0
         out[i] = kn.moe_experts_time_nb(assignments[i], touched[i], pairs[i], hidden[i], inter[i], True, w_bytes[i], a,
                                         peak[i], hbm_bw, sm_count, gmax, hbm_frac, k0, eff[i], lat[i], pair_time,
-                                        tile_m[i], tile_n[i], ridge)
+                                        tile_m[i], tile_n[i], ridge, tile_k[i], stream)
     return out
 
 
@@ -541,7 +541,8 @@ def predict_moe(frame: pd.DataFrame, hw, gemm: dict, p: dict) -> np.ndarray:
     """Fused-MoE time (s) of each row: bf16 rows at ``moe_efficiency`` / ``moe_latency_us``, fp8 rows
     at the fp8 peak with 1-byte weights and activations, ``moe_fp8_efficiency`` / ``moe_fp8_latency_us``;
     every row adds ``moe_pair_us`` per routed pair (column ``pairs``). Rows with a known tile (columns
-    ``tile_m``, ``tile_n`` > 0) run it, capped by ``moe_tile_ridge``. The fp8 rows' activation
+    ``tile_m``, ``tile_n`` > 0) run it, capped by ``moe_tile_ridge``, its weights streamed at
+    ``moe_stream_fraction_nb(tile_k, w, moe_stream_bytes)`` of the GEMM rate. The fp8 rows' activation
     quantisation is inside ``moe_fp8_latency_us`` and ``moe_fp8_efficiency``: a separate term at the
     GEMM fit's ``gemm_fp8_quant_bytes`` per element fitted worse (held out 14.7% against 13.4% on H100)."""
     is8 = (frame["dtype"] == "fp8").to_numpy()
@@ -554,7 +555,7 @@ def predict_moe(frame: pd.DataFrame, hw, gemm: dict, p: dict) -> np.ndarray:
                         _col(frame, "inter"), np.where(is8, 1.0, 2.0), peak, hw.hbm_bw, float(hw.sm_count),
                         gemm["gemm_max"], gemm["gemm_hbm_fraction"], gemm["gemm_tile_overhead_k"], eff, lat,
                         p.get("moe_pair_us", 0.0) * 1e-6, _tiles(frame, "tile_m"), _tiles(frame, "tile_n"),
-                        p.get("moe_tile_ridge", 0.0))
+                        p.get("moe_tile_ridge", 0.0), _tiles(frame, "tile_k"), p.get("moe_stream_bytes", 0.0))
 
 
 def _tiles(frame: pd.DataFrame, name: str) -> np.ndarray:
@@ -676,7 +677,9 @@ def fit_nccl(frame: pd.DataFrame, hw) -> dict:
 
 def fit_moe(frame: pd.DataFrame, hw, gemm: dict) -> dict:
     """One joint fit over the bf16 and fp8 rows present: ``MOE_PARAMS`` for bf16, ``MOE_FP8_PARAMS``
-    for fp8, and ``moe_pair_us`` shared (routing and permutation do not depend on the expert dtype)."""
+    for fp8, and ``moe_pair_us`` shared (routing and permutation do not depend on the expert dtype);
+    with known tiles also ``MOE_TILE_PARAMS`` (``moe_stream_bytes`` 0 where the fit leaves every
+    tile's K-step run at the full streaming rate)."""
     names = []
     for dtype, part in (("bf16", MOE_PARAMS), ("fp8", MOE_FP8_PARAMS)):
         if (frame["dtype"] == dtype).any():
@@ -684,8 +687,15 @@ def fit_moe(frame: pd.DataFrame, hw, gemm: dict) -> dict:
     if not names:
         raise ConfigError(f"fit_moe({hw.name}): no bf16 or fp8 rows")
     tiled = MOE_TILE_PARAMS if "tile_m" in frame.columns and (frame["tile_m"] > 0).any() else ()
-    return fit_params(tuple(names) + MOE_SHARED_PARAMS + tiled, lambda f, p: predict_moe(f, hw, gemm, p), frame,
-                      f"fit_moe({hw.name})")
+    out = fit_params(tuple(names) + MOE_SHARED_PARAMS + tiled, lambda f, p: predict_moe(f, hw, gemm, p), frame,
+                     f"fit_moe({hw.name})")
+    if tiled:
+        # a run per K step no tiled row is short of streams every tile at the full rate: no cap found (0)
+        on = frame[frame["tile_m"] > 0]
+        runs = on["tile_k"] * np.where(on["dtype"] == "fp8", 1.0, 2.0)
+        if out["moe_stream_bytes"] <= runs.min():
+            out["moe_stream_bytes"] = 0.0
+    return out
 
 
 def fit_launch(frame: pd.DataFrame, hw, gemm: dict) -> dict:

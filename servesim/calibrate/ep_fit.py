@@ -148,7 +148,7 @@ def moe_ep_frame(gpu: str, engine: str) -> pd.DataFrame | None:
         "time_s": t["latency"].to_numpy(np.float64) * 1e-3})
     f["shape"] = [f"{int(h)}/{int(i)}/{int(e)}/{int(k)}" for h, i, e, k in
                   zip(f["hidden"], t["inter_size"], f["experts"], f["topk"])]
-    f["tile_m"], f["tile_n"] = ek.moe_tiles(engine, ek.GPUS.get(gpu, gpu), f)
+    f["tile_m"], f["tile_n"], f["tile_k"] = ek.moe_tiles(engine, ek.GPUS.get(gpu, gpu), f)
     return f
 
 

@@ -212,10 +212,10 @@ def _moe_model(p, m: float) -> float:
     """One layer's routed experts over m tokens at balanced routing, as the cost model prices them."""
     pairs = m * p.top_k
     touched = kn.balanced_experts_nb(pairs, p.experts)
-    tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
+    tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, m)
     return kn.moe_experts_time_nb(pairs, touched, pairs, p.hidden, p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes,
                                   p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency,
-                                  p.moe_pair, tile_m, tile_n, p.moe_ridge)
+                                  p.moe_pair, tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)
 
 
 def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) -> dict:

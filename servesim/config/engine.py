@@ -87,6 +87,7 @@ FIT_KEYS = (
     ("moe_fp8_latency_us", "moe_fp8_latency_s", "nonneg"),
     ("moe_pair_us", "moe_pair_s", "nonneg"),
     ("moe_tile_ridge", "moe_tile_ridge", "nonneg"),                 # MACs per operand element; 0: no tile cap
+    ("moe_stream_bytes", "moe_stream_bytes", "nonneg"),             # contiguous weight bytes per K step; 0: no cap
     ("launch_us", "launch_s", "nonneg"),
     ("graph_overlap", "graph_overlap", "unit"),                     # fitted end to end (fit_vllm_host.py)
     ("step_gpu_us", "step_gpu_s", "nonneg"),                       # GPU work per step outside the forward
@@ -96,8 +97,8 @@ FIT_KEYS = (
 )
 _UNIT = {"us": 1e-6, "mib": 2.0 ** 20, "GBps": 1e9}
 # keys a table may leave out (profiles written before they existed), with the value that means "absent"
-_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "step_gpu_us": 0.0, "gemm_fp8_quant_bytes": 0.0, "attn_decode_split_us": 0.0,
-                 "attn_decode_split_seqs": 0.0, "attn_decode_block_GBps": 0.0}
+_OPTIONAL_FIT = {"moe_tile_ridge": 0.0, "moe_stream_bytes": 0.0, "step_gpu_us": 0.0, "gemm_fp8_quant_bytes": 0.0,
+                 "attn_decode_split_us": 0.0, "attn_decode_split_seqs": 0.0, "attn_decode_block_GBps": 0.0}
 # MLA kernel keys (experiments/fit_mla.py): a table without them prices MLA with its generic attention
 # keys (costmodel/params.py, ``attention_kernel_params``), and its provenance says so
 MLA_FIT_KEYS = ("mla_decode_max", "mla_decode_hbm_fraction", "mla_decode_block_us", "mla_decode_latency_us",
@@ -193,6 +194,7 @@ class EngineFit:
     moe_fp8_latency_s: float
     moe_pair_s: float
     moe_tile_ridge: float            # tile intensity at which the L2 feed matches the tensor cores (0: off)
+    moe_stream_bytes: float          # weight run per K step at which a fused-MoE tile streams at the GEMM rate (0: off)
     launch_s: float                  # CPU time to launch one kernel outside a CUDA graph
     graph_overlap: float             # fraction of each kernel's fixed time hidden behind its neighbours in a step
     step_gpu_s: float                # GPU time per step outside the forward (sampler, input copies), never overlapped
@@ -223,8 +225,8 @@ class EngineProfile:
     fits: dict                       # hardware profile name -> EngineFit
     allreduce_max_bytes_by_tp: dict = dataclasses.field(default_factory=dict)   # capability -> {tp: bytes}
     moe_configs: Path | None = None  # tuned fused-MoE tiles (costmodel/moe_tiles.py); None: not known
-    moe_default_tile_small: tuple = (0, 0)   # tile when the batch has at most as many tokens as local experts
-    moe_default_tile: tuple = (0, 0)         # otherwise, without a tuned config
+    moe_default_tile_small: tuple = (0, 0, 0)   # tile (rows, columns, K step) when the batch has at most as many
+    moe_default_tile: tuple = (0, 0, 0)         # tokens as local experts; otherwise, without a tuned config
     moe_ep_masked: bool = False      # under EP the fused MoE walks every routed pair, zeroing remote ones (costmodel/ep.py)
     overlap_speculative: tuple | None = None   # speculative methods that keep host_overlap (None: all of them)
 
@@ -416,8 +418,8 @@ def _load_file(path: Path) -> EngineProfile:
         moe_tiles["moe_configs"] = cfg
         for key in _MOE_TILE_KEYS[1:]:
             tile = k.data.get(key)
-            if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(v, int) and v >= 1 for v in tile)):
-                raise k.error(key, f"must be [rows, columns] of integers >= 1 with moe_configs, got {tile!r}")
+            if not (isinstance(tile, list) and len(tile) == 3 and all(isinstance(v, int) and v >= 1 for v in tile)):
+                raise k.error(key, f"must be [rows, columns, K step] of integers >= 1 with moe_configs, got {tile!r}")
             moe_tiles[key] = tuple(tile)
     h = top.table("host")
     h.expect_keys(_HOST_KEYS, _HOST_OPTIONAL)

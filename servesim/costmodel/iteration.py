@@ -89,18 +89,18 @@ def routed_experts_nb(p, m):
     pairs and touched experts (costmodel/ep.py), plus the remote pairs a masked kernel walks."""
     if p.ep <= 1.0:
         pairs = m * p.top_k
-        tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, m)
+        tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, m)
         return moe_experts_time_nb(pairs, expected_experts_nb(m, p.experts, p.top_k), pairs, p.hidden, p.exp_inter,
                                    p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm,
                                    p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,   # fitted as a fraction of gemm_max
-                                   tile_m, tile_n, p.moe_ridge)
+                                   tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)
     tokens = ep_tokens_nb(p, m)
     rank, touched = rank_load_nb(tokens, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
     walked = tokens * p.top_k if p.ep_masked > 0.0 else rank
-    tile_m, tile_n = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, tokens)
+    tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, tokens)
     t = moe_experts_time_nb(rank, touched, walked, p.hidden, p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes,
                             p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency,
-                            p.moe_pair, tile_m, tile_n, p.moe_ridge)
+                            p.moe_pair, tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)
     return t + masked_pairs_time_nb(p, walked - rank)
 
 

@@ -213,9 +213,22 @@ def moe_tile_fraction_nb(tile_m, tile_n, ridge):
 
 
 @njit(cache=True)
+def moe_stream_fraction_nb(tile_k, w_bytes, stream_bytes):
+    """Fraction of the GEMM's weight-streaming rate a fused-MoE tile reaches when each K step reads
+    ``tile_k`` contiguous weights of every row of its weight tile: min(1, tile_k w_bytes /
+    ``stream_bytes``), ``stream_bytes`` the contiguous run at which HBM streams at the full rate (fitted:
+    vLLM's default 64 x 64 config reads 32-element, 64-byte runs and streams its weights at ~0.66 of
+    the datasheet bandwidth where the tuned tiles' 64-256-element runs reach ~0.88;
+    experiments/results/engine_kernels_validation.md). 0 (or tile_k unknown): no cap."""
+    if stream_bytes <= 0.0 or tile_k <= 0.0:
+        return 1.0
+    return min(1.0, tile_k * w_bytes / stream_bytes)
+
+
+@njit(cache=True)
 def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated, w_bytes, a_bytes, peak, hbm_bw,
                         sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency, pair_time,
-                        tile_m, tile_n, ridge):
+                        tile_m, tile_n, ridge, tile_k, stream_bytes):
     """The routed experts of one MoE layer on one GPU, in seconds:
 
         moe_latency + routed_pairs x pair_time + grouped(up) + grouped(down)
@@ -231,7 +244,9 @@ def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated
     takes its default; ``servesim/costmodel/moe_tiles.py``), at ``moe_efficiency`` x ``gemm_max``
     of ``peak`` times ``moe_tile_fraction_nb(tile_m, tile_n, ridge)``; ``tile_m`` <= 0: the faster
     of 16, 64 and 128 rows x 128 columns at ``moe_efficiency`` x ``gemm_max`` (engines whose tiles are
-    not known). Bytes as the dense GEMM's (``gemm_bytes_nb``) at ``hbm_fraction``.
+    not known). Bytes as the dense GEMM's (``gemm_bytes_nb``) at ``hbm_fraction``; a known tile's
+    weights stream at ``moe_stream_fraction_nb(tile_k, w_bytes, stream_bytes)`` of that rate (the
+    kernel's K step, ``tile_k`` elements, is the contiguous run it reads of each weight row).
     The routing, sort/align, permute and un-permute kernels cost ``moe_latency`` plus ``pair_time``
     per routed token-expert pair they see, ``routed_pairs`` = tokens x top_k of the whole layer
     input (under EP the fused kernels still walk every routed pair and skip the remote experts'
@@ -244,9 +259,10 @@ def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated
     frac = gemm_max * moe_efficiency
     if tile_m > 0.0:
         frac *= moe_tile_fraction_nb(tile_m, tile_n, ridge)
-        t = tiled_group_time_nb(touched, m, hidden, up_n, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+        w_eff = w_bytes / moe_stream_fraction_nb(tile_k, w_bytes, stream_bytes)
+        t = tiled_group_time_nb(touched, m, hidden, up_n, w_eff, a_bytes, peak, hbm_bw, sm_count, frac,
                                 hbm_fraction, tile_overhead_k, tile_m, tile_n)
-        t += tiled_group_time_nb(touched, m, inter, hidden, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
+        t += tiled_group_time_nb(touched, m, inter, hidden, w_eff, a_bytes, peak, hbm_bw, sm_count, frac,
                                  hbm_fraction, tile_overhead_k, tile_m, tile_n)
     else:
         t = grouped_gemm_time_nb(touched, m, hidden, up_n, w_bytes, a_bytes, peak, hbm_bw, sm_count, frac,
@@ -475,7 +491,7 @@ __all__ = ["ATTN_BLOCK", "DECODE_SPLIT_KEYS", "DECODE_SPLIT_SM_SHARE", "GEMM_TIL
            "decode_attention_time_nb", "decode_splits_nb", "engine_allreduce_eager_time_nb", "engine_allreduce_time_nb",
            "gemm_bytes_nb", "gemm_compute_time_nb", "gemm_ridge_tokens_nb", "gemm_splits_nb", "gemm_time_nb",
            "gemm_wave_efficiency_nb", "gemm_waves_nb", "grouped_gemm_time_nb", "MLA_HEAD_TILE", "mla_decode_time_nb",
-           "mla_prefill_time_nb", "moe_experts_time_nb", "moe_tile_fraction_nb",
+           "mla_prefill_time_nb", "moe_experts_time_nb", "moe_stream_fraction_nb", "moe_tile_fraction_nb",
            "tiled_group_time_nb",
            "prefill_attention_bytes_nb", "prefill_attention_compute_nb", "prefill_attention_time_nb",
            "WO_SMALL_M", "WO_TILE_M", "weight_only_gemm_time_nb"]

@@ -97,6 +97,7 @@ class CostParams(NamedTuple):
     moe_latency: float
     moe_pair: float
     moe_ridge: float             # tile intensity cap of the fused MoE (kernels.moe_tile_fraction_nb)
+    moe_stream: float            # weight bytes per K step at the full streaming rate (kernels.moe_stream_fraction_nb)
     exp_inter: float             # one expert's FFN width per GPU
     gated: float
     vocab_gpu: float
@@ -143,6 +144,7 @@ class CostParams(NamedTuple):
     moe_tile_keys: np.ndarray    # the fused-MoE kernel's tile per batch-size key (costmodel/moe_tiles.py);
     moe_tile_m: np.ndarray       # empty: the kernel formula's own tile choice
     moe_tile_n: np.ndarray
+    moe_tile_k: np.ndarray
     graph_sizes: np.ndarray      # captured batch sizes (tokens), increasing
     skew_grid: np.ndarray        # the slowest EP rank's pairs and touched experts per token count
     skew_pairs: np.ndarray       # (ep.skew_table; empty: balanced)
@@ -285,7 +287,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
     mlp_k, mlp_n = [h, f / tp], [gated * f / tp, h]
     sh_k, sh_n = [], []
     experts = top_k = router_n = exp_inter = 0.0
-    tiles = (np.zeros(0), np.zeros(0), np.zeros(0), False)
+    tiles = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), False)
     f_act = f
     skew = (np.zeros(0), np.zeros(0), np.zeros(0))
     ep, dp = layout.ep, layout.attn_dp
@@ -363,7 +365,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         experts=experts, top_k=top_k, router_n=router_n,
         moe_eff=fit.moe_fp8_efficiency if moe_fp8 else fit.moe_efficiency,
         moe_latency=keep * (fit.moe_fp8_latency_s if moe_fp8 else fit.moe_latency_s), moe_pair=fit.moe_pair_s,
-        moe_ridge=fit.moe_tile_ridge,
+        moe_ridge=fit.moe_tile_ridge, moe_stream=fit.moe_stream_bytes,
         exp_inter=exp_inter, gated=float(model.gated_mlp),
         vocab_gpu=model.vocab_size / tp,
         tp_bw=tp_link[1], tp_alpha=tp_link[2], tp_algorithm=float(collectives.ALGORITHMS[layout.allreduce]),
@@ -383,7 +385,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         a2a_dispatch_bytes=1.0 if layout.dtype in ("fp8", "int8", "fp4") else 2.0,
         attn_k=_arr(attn_k), attn_n=_arr(attn_n), mlp_k=_arr(mlp_k), mlp_n=_arr(mlp_n),
         sh_k=_arr(sh_k), sh_n=_arr(sh_n),
-        moe_tile_keys=_arr(tiles[0]), moe_tile_m=_arr(tiles[1]), moe_tile_n=_arr(tiles[2]),
+        moe_tile_keys=_arr(tiles[0]), moe_tile_m=_arr(tiles[1]), moe_tile_n=_arr(tiles[2]), moe_tile_k=_arr(tiles[3]),
         graph_sizes=np.ascontiguousarray(graph_sizes, dtype=np.float64),
         skew_grid=skew[0], skew_pairs=skew[1], skew_touched=skew[2],
         tab_gemm=np.zeros(0), tab_elem=np.zeros(0), tab_comm=np.zeros(0),
