@@ -331,7 +331,7 @@ def band_table(frame: pd.DataFrame, col: str, edges, labels) -> pd.DataFrame:
                          "signed": g["s"].median()}).reset_index()
 
 
-def diagnostics() -> list:
+def diagnostics(fitted: dict) -> list:
     """Tables and figures computed from the held-out predictions, for the Misses section."""
     L = ["## Where the errors are", ""]
     L += ["GEMM bf16, held-out rows (all engines) by token count m:", "",
@@ -359,6 +359,20 @@ def diagnostics() -> list:
                                        ["1-16", "17-256", "257-512", "513-2048", "2049-8192"]).iterrows():
                     L.append(f"| {ek.GPUS[key[0]]} | {key[1]} | {key[3]} | {'tuned' if tuned else 'default'} | "
                              f"{r['band']} | {r['n']} | {pct(r['median'])} | {pct(r['p90'])} | {spct(r['signed'])} |")
+    L += ["", "vLLM fused MoE bf16, weight-streaming rate by the tile's K step (BLOCK_SIZE_K): rows with 1-32 "
+          "rows per expert (weight-bound), touched experts' weight bytes / (time - `moe_latency_us` - pairs x "
+          "`moe_pair_us` of the fit) / HBM datasheet bandwidth (`moe_stream_bytes` prices the short steps):", "",
+          "| gpu | K step | n | median rate | p10 | p90 |", "|---|---:|---:|---:|---:|---:|"]
+    for key, frame in DIAG.items():
+        if len(key) == 4 and key[1:] == ("vllm", "moe", "bf16") and (frame["tile_k"] > 0).any():
+            hw = load_hardware(ek.GPUS[key[0]])
+            p = fitted[(key[0], "vllm", "moe")]
+            f = frame[(frame["tile_k"] > 0) & (frame["assignments"] / frame["touched"] <= 32)]
+            fixed = (p["moe_latency_us"] + f["pairs"] * p["moe_pair_us"]) * 1e-6
+            rate = f["touched"] * 3 * f["inter"] * f["hidden"] * 2 / (f["time_s"] - fixed) / hw.hbm_bw
+            for k, r in rate.groupby(f["tile_k"]):
+                L.append(f"| {ek.GPUS[key[0]]} | {int(k)} | {len(r)} | {r.median():.2f} | {r.quantile(0.1):.2f} | "
+                         f"{r.quantile(0.9):.2f} |")
     L += ["", "Decode attention held-out rows by batch size:", "",
           "| gpu | engine | seqs | n | median | p90 | signed |", "|---|---|---|---:|---:|---:|---:|"]
     for key, frame in DIAG.items():
@@ -657,7 +671,7 @@ def write_report(errors: pd.DataFrame, vidur: pd.DataFrame, fitted: dict, timing
         L.append(f"| {r['gpu']} | {r['class']} | {r['split']} | {r['n']} | {pct(r['median'])} | {pct(r['p90'])} | "
                  f"{spct(r['signed'])} | {pct(r['today_median'])} | {pct(r['today_p90'])} | "
                  f"{pct(r['refit_median'])} | {pct(r['refit_p90'])} |")
-    L += [""] + misses(errors, vidur, fitted) + [""] + diagnostics()
+    L += [""] + misses(errors, vidur, fitted) + [""] + diagnostics(fitted)
     L += ["", "## Fitted values", "",
           "Rounded as shown; the errors above use the rounded values. Per-fold values of the cross-validation are "
           "not shown (they are refits on 4/5 of the groups).", ""]

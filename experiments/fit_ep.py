@@ -144,6 +144,13 @@ def run_moe(lines: list) -> pd.DataFrame:
               "|---|---|---|---:|---:|---:|"]
     for (gpu, engine, dtype), g in f.groupby(["gpu", "engine", "dtype"]):
         lines.append(f"| {gpu} | {engine} | {dtype} | {len(g)} | {med(g['err'])} | {bias(g['err'])} |")
+    bands = sorted(f["band"].unique(), key=lambda b: float(b.strip("(]").split(",")[0]))
+    lines += ["", "By engine, GPU and tokens (median error / bias):", "",
+              "| GPU | engine | " + " | ".join(bands) + " |", "|---|---|" + "---:|" * len(bands)]
+    for (gpu, engine), g in f.groupby(["gpu", "engine"]):
+        cells = [f"{med(b['err'])} / {bias(b['err'])}" for _, b in
+                 ((band, g[g["band"] == band]) for band in bands)]
+        lines.append(f"| {gpu} | {engine} | " + " | ".join(cells) + " |")
     lines.append("")
     return f
 

@@ -585,10 +585,28 @@ FIGURES = [
         lambda: float(md_row(KERN, gpu="h100-sxm", engine="trtllm", **{"max KV read": ""})["ratio"])),
     Fig(CAL, r"# vLLM 0\.15\.1 deployments on H100 measured", n_vllm, EXACT),
     Fig(CAL, r"`graph_overlap` # of each", lambda: vllm_h100("graph_overlap"), EXACT),
-    Fig(CAL, r"tuned tiles \(TP 2-8\):\s+#% median on H100, #% on H200",
-        lambda: tuple(pct(md_row(KERN, gpu=g, engine="vllm", **{"class": "fused MoE bf16"},
-                                 rows="held out: Mixtral shapes, 1-512 tokens, tuned")["median"])
-                      for g in ("h100-sxm", "h200-sxm")), EXACT),
+    Fig(CAL, r"tuned tiles \(TP 2-8\):\s+#% median on H100 \(#% before\), #% on H200 \(#% before\); all TP #% and #% "
+             r"\(#% and #% before\)",
+        lambda: (*(v for g in ("h100-sxm", "h200-sxm") for v in (
+                     pct(md_row(KERN, gpu=g, engine="vllm", **{"class": "fused MoE bf16"},
+                                rows="held out: Mixtral shapes, 1-512 tokens, tuned")["median"]), BEFORE)),
+                 *(pct(md_row(KERN, gpu=g, engine="vllm", **{"class": "fused MoE bf16"},
+                              rows="held out: Mixtral 8x7B and 8x22B shapes")["median"]) for g in ("h100-sxm", "h200-sxm")),
+                 BEFORE, BEFORE), EXACT),   # before: the report at a3f4035, without moe_stream_bytes
+    Fig(CAL, r"#% and #% before `moe_stream_bytes`;\s+H200 #% and #%, from #% and #%",
+        lambda: (BEFORE, BEFORE, *(pct(md_row(KERN, gpu="h200-sxm", engine="vllm", **{"class": "fused MoE bf16"},
+                                              rows=r)["median"]) for r in ("held out: 5-fold", "held out: decode")),
+                 BEFORE, BEFORE), EXACT),
+    Fig(CAL, r"at #-# rows per expert on H100 the default large tile's\s+#-element step \(#-byte runs\) streams the "
+             r"weights at # of HBM \(median\), the tuned tiles' #-,\s+#- and #-element steps at #, # and #",
+        lambda: (1, 32, 32, 64, *(float(md_row(KERN, gpu="h100-sxm", **{"K step": str(k)})["median rate"])
+                                  for k in (32,)), 64, 128, 256,
+                 *(float(md_row(KERN, gpu="h100-sxm", **{"K step": str(k)})["median rate"]) for k in (64, 128, 256))),
+        EXACT),
+    Fig(CAL, r"\(fitted: H100 # bytes, H200 #; on B200, whose vLLM #\.# default tile was not checked, the fit finds no "
+             r"gain and writes #\)",
+        lambda: (*(toml("engines/vllm.toml")["hardware"][g]["moe_stream_bytes"] for g in ("h100-sxm", "h200-sxm")),
+                 0, 19, toml("engines/vllm.toml")["hardware"]["b200"]["moe_stream_bytes"]), EXACT),
     Fig(CAL, r"within the #% target at every batch", lambda: 100 * code("servesim.calibrate.step_check", "TARGET"), EXACT),
     Fig(CAL, r"decode attention at batch 1 and 8 is #% and\s+#% \(median\) on H100, #% and #% on A100",
         lambda: tuple(pct(step_row(g, "attention", "decode", b)["median"]) for g in (0, 1) for b in ("1", "8")), EXACT),
