@@ -68,7 +68,7 @@ def main():
     print(f"requests                 {args.requests:,}")
     print(f"iterations               {s['iterations']:,}")
     print(f"wall time per run        best {t_kernel:.2f} s, all: {', '.join(f'{w:.2f}' for w in walls)} s "
-          f"(workload sampling + kernel + pandas metrics)")
+          f"(workload sampling + kernel + metrics)")
     print(f"simulated requests/s     {args.requests / t_kernel:,.0f}")
     print(f"iterations/s             {s['iterations'] / t_kernel:,.0f}")
     print(f"first call, cold cache   {cold:.2f} s (fresh interpreter, compile + 100 requests)")
