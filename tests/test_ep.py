@@ -94,7 +94,7 @@ def test_dispatch_combine_inside_one_node_by_hand():
     rows = m * 8                                             # balanced: the rank receives what it sends
     s_disp, s_comb = rows * 7168 * 1.0, rows * 7168 * 2.0    # fp8 dispatch, bf16 combine
     want = 2 * lat + 7 / 8 * (s_disp + s_comb) / bw
-    assert alltoall_layer_nb(p, m) == pytest.approx(want, rel=1e-12)
+    assert alltoall_layer_nb(p, m, m * 8) == pytest.approx(want, rel=1e-12)   # 8 ranks of m tokens
 
 
 def test_dispatch_combine_across_nodes_takes_the_slower_link():
@@ -108,11 +108,11 @@ def test_dispatch_combine_across_nodes_takes_the_slower_link():
     for b in (1.0, 2.0):
         s = m * 8 * 7168 * b
         want += alpha + max(7 / 16 * s / bw_in, 8 / 16 * s / bw_out)
-    assert alltoall_layer_nb(p, m) == pytest.approx(want, rel=1e-12)
+    assert alltoall_layer_nb(p, m, m * 16) == pytest.approx(want, rel=1e-12)
 
 
 def test_no_alltoall_without_dp_attention():
-    assert alltoall_layer_nb(replica(tp=8, ep=8).params, 64.0) == 0.0
+    assert alltoall_layer_nb(replica(tp=8, ep=8).params, 64.0, 64.0) == 0.0
 
 
 def test_dp_attention_prices_each_rank_on_its_share():
@@ -141,7 +141,76 @@ def test_slowest_rank_experts_by_hand_balanced():
                                p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,
                                0.0, 0.0, p.moe_ridge, 0.0, p.moe_stream)
     assert p.exp_inter == 2048.0 and p.moe_tile_keys.size == 0     # fp8: no tuned Triton tiles
-    assert routed_experts_nb(p, m) == pytest.approx(want, rel=1e-12)
+    assert routed_experts_nb(p, tokens) == pytest.approx(want, rel=1e-12)
+
+
+def _experts_by_hand(p, tokens):
+    """58 MoE layers of the slowest EP rank, balanced routing over EP 8: T x 8 / 8 pairs on
+    min(32, pairs) of its 32 experts (no masked pairs with DP attention, no tuned tiles at fp8)."""
+    a = tokens * 8 / 8
+    return 58 * moe_experts_time_nb(a, min(32.0, a), a, 7168.0, 2048.0, True, p.w_bytes, p.a_bytes, p.peak,
+                                    p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency,
+                                    p.moe_pair, 0.0, 0.0, p.moe_ridge, 0.0, p.moe_stream)
+
+
+def _a2a_by_hand(p, rank_tokens, tokens):
+    """58 layers' dispatch (fp8) + combine (bf16) inside one node: the busiest rank sends its tokens x 8
+    rows (or the slowest rank receives T x 8 / 8, whichever is more), 7/8 of them to other GPUs."""
+    frac, lat = load_hardware("h200-sxm").alltoall
+    rows = max(rank_tokens * 8, tokens * 8 / 8)
+    return 58 * (2 * lat + 7 / 8 * rows * 7168 * (1.0 + 2.0) / (load_hardware("h200-sxm").scaleup_bw * frac))
+
+
+def test_lone_prefill_on_dp_attention_routes_only_its_own_tokens():
+    """One 2,048-token prompt on DP 8 + EP 8: its MoE layers route 2,048 tokens (not 8 x 2,048), the
+    dispatch sends 2,048 x 8 rows from the one busy rank; the rank's attention and dense layers are
+    those of that chunk, the same as when each of the 8 ranks holds one such chunk."""
+    p = replica(tp=1, dp=8, ep=8, skew=0.0).params
+    assert p.n_moe_layers == 58 and p.exp_inter == 2048.0 and p.moe_tile_keys.size == 0 and p.ep_masked == 0.0
+    c = 2048.0
+    one = (c, 1.0, 1.0, c * (c + 1) / 2, c, 0.0, 0.0)
+    eight = (8 * c, 8.0, 8.0, 8 * c * (c + 1) / 2, 8 * c, 0.0, 0.0)
+    e1, a1 = moe_parts_nb(p, c, 1.0, 0.0)
+    e8, a8 = moe_parts_nb(p, 8 * c, 8.0, 0.0)
+    assert e1 == pytest.approx(_experts_by_hand(p, c), rel=1e-12)
+    assert a1 == pytest.approx(_a2a_by_hand(p, c, c), rel=1e-12)
+    # D x k sequences evenly: as the even split priced it, every rank's m tokens routed, m x D
+    assert e8 == pytest.approx(_experts_by_hand(p, 8 * c), rel=1e-12)
+    assert a8 == pytest.approx(_a2a_by_hand(p, c, 8 * c), rel=1e-12)
+    r1, r8 = iteration_components_nb(p, *one), iteration_components_nb(p, *eight)
+    assert r1.attention == r8.attention                          # the busiest rank holds one chunk either way
+    assert r1.gemm - e1 == pytest.approx(r8.gemm - e8, rel=1e-12)
+    assert r1.communication == pytest.approx(a1, rel=1e-12)      # TP 1: the all-to-all alone
+    assert r8.communication == pytest.approx(a8, rel=1e-12)
+    assert r8.flops == pytest.approx(8 * r1.flops, rel=1e-12)    # the replica's real work
+    assert e1 < e8 / 4 and r1.latency < r8.latency / 2
+
+
+def test_dp_attention_ranks_hold_whole_sequences():
+    """The busiest rank: ceil(n_pf / 8) chunks and ceil(n_dec / 8) decodes, not a fraction of a chunk."""
+    wide = replica(tp=1, dp=8, ep=8, skew=0.0).params
+    one = params()
+    # 1 chunk of 1,024 + 64 decodes: the busiest rank runs the whole chunk and 8 decodes
+    mixed = iteration_components_nb(wide, 1024.0, 1.0, 65.0, 1024 * 1025 / 2, 1024.0, 64.0, 64 * 2048.0)
+    own = iteration_components_nb(one, 1024.0, 1.0, 9.0, 1024 * 1025 / 2, 1024.0, 8.0, 8 * 2048.0)
+    assert mixed.attention == pytest.approx(own.attention, rel=1e-12)
+    e, _ = moe_parts_nb(wide, 1024.0, 1.0, 64.0)
+    assert e == pytest.approx(_experts_by_hand(wide, 1024.0 + 64.0), rel=1e-12)
+    # 9 decodes: 2 on the busiest rank, 9 tokens routed (not 2 x 8)
+    e9, a9 = moe_parts_nb(wide, 0.0, 0.0, 9.0)
+    assert e9 == pytest.approx(_experts_by_hand(wide, 9.0), rel=1e-12)
+    assert a9 == pytest.approx(_a2a_by_hand(wide, 2.0, 9.0), rel=1e-12)
+    d9 = iteration_components_nb(wide, 0.0, 0.0, 9.0, 0.0, 0.0, 9.0, 9 * 2048.0)
+    d2 = iteration_components_nb(one, 0.0, 0.0, 2.0, 0.0, 0.0, 2.0, 2 * 2048.0)
+    assert d9.attention == pytest.approx(d2.attention, rel=1e-12)
+
+
+def test_busiest_rank_share():
+    assert [E.busiest_share_nb(n, 8.0) for n in (0.0, 1.0, 8.0, 9.0, 16.0, 17.0)] == [0, 1, 1, 2, 2, 3]
+    # a mean over steps interpolates between the integer counts either side
+    assert E.busiest_share_nb(0.5, 8.0) == 0.5
+    assert E.busiest_share_nb(8.5, 8.0) == 1.5
+    assert E.busiest_share_nb(10.25, 8.0) == 2.0
 
 
 def test_masked_kernel_pays_the_remote_pairs():

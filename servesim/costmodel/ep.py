@@ -37,9 +37,20 @@ Per MoE layer (one engine step, ``tokens`` = the tokens of all DP ranks together
   engine's GEMM bandwidth.
 
 The iteration ends with the slowest rank: attention on the busiest DP rank, the experts on the
-busiest EP rank. The cost model sees one replica's batch and splits it evenly over the DP ranks.
+busiest EP rank. The cost model sees one replica's batch; each request runs on one DP rank, whole:
+SGLang's DP attention gives each DP worker its own requests and batches (LMSYS blog "SGLang v0.4",
+2024-12-04, "Data Parallelism Attention"; SGLang server argument ``--enable-dp-attention``), vLLM's
+data-parallel deployment load-balances requests over DP ranks, each its own engine core and
+scheduler, and the MoE layers of all ranks step together (vLLM docs, "Data Parallel Deployment").
+The assumption: the requests of a step are spread as evenly as whole requests go, so the busiest
+rank holds ceil(n_pf / D) of the prefill chunks (of the step's mean chunk) and ceil(n_dec / D) of
+the decodes (`busiest_share_nb`), and the MoE layers route the step's real tokens (every rank's
+together, ``tp_tok + n_dec``; not the busiest rank's times D, which would invent work for a step
+with fewer sequences than ranks); graph-padding rows are not routed (assumed).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -270,9 +281,22 @@ def masked_pairs_time_nb(p, pairs):
 
 
 @njit(cache=True)
-def ep_tokens_nb(p, m):
-    """Tokens every MoE layer routes when each of the attn_dp ranks brings m (an even split)."""
-    return m * p.attn_dp
+def wide_ep_nb(p):
+    """Expert parallelism with DP attention: the MoE layers route every DP rank's tokens together."""
+    return p.ep > 1.0 and p.attn_dp > 1.0
+
+
+@njit(cache=True)
+def busiest_share_nb(n, d):
+    """Sequences on the busiest of ``d`` DP attention ranks when a step holds ``n``: ceil(n / d), whole
+    sequences (a request runs on the one rank it was sent to). A fractional n (a mean over steps, as
+    the planner's steady state) interpolates linearly between the integer counts either side."""
+    k = math.floor(n)
+    w = n - k
+    lo = math.ceil(k / d)
+    if w <= 0.0:
+        return float(lo)
+    return (1.0 - w) * lo + w * math.ceil((k + 1.0) / d)
 
 
 def moe_parallel(model, tp: int, attn_dp: int, ep: int) -> int:
@@ -281,5 +305,6 @@ def moe_parallel(model, tp: int, attn_dp: int, ep: int) -> int:
 
 
 __all__ = ["DEFICITS", "DEFICIT_FIRST", "DEFICIT_SPREAD", "DRAWS", "SKEW_DEEPSEEK", "SKEW_OTHER", "alltoall_link",
-           "alltoall_nb", "default_skew", "dispatch_combine_nb", "ep_tokens_nb", "masked_pairs_time_nb", "moe_parallel",
-           "power_law_counts_nb", "rank_load_nb", "skew_table", "skew_table_nb", "slowest_rank_nb"]
+           "alltoall_nb", "busiest_share_nb", "default_skew", "dispatch_combine_nb", "masked_pairs_time_nb",
+           "moe_parallel", "power_law_counts_nb", "rank_load_nb", "skew_table", "skew_table_nb", "slowest_rank_nb",
+           "wide_ep_nb"]

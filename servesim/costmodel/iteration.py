@@ -33,7 +33,6 @@ kernels and all-reduces -- is tabulated per token count when the replica is lowe
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -43,7 +42,7 @@ from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
 from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_bytes_nb,
                       gemm_time_nb, mla_decode_time_nb, mla_prefill_time_nb, moe_experts_time_nb,
                       prefill_attention_time_nb, weight_only_gemm_time_nb)
-from .ep import dispatch_combine_nb, ep_tokens_nb, masked_pairs_time_nb, rank_load_nb
+from .ep import busiest_share_nb, dispatch_combine_nb, masked_pairs_time_nb, rank_load_nb, wide_ep_nb
 from .moe_tiles import pick_tile_nb
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 
@@ -83,18 +82,18 @@ def expected_experts_nb(tokens, experts, top_k):
 
 
 @njit(cache=True)
-def routed_experts_nb(p, m):
-    """The routed experts of one MoE layer on the slowest GPU, m tokens per DP rank: without EP the
-    fused MoE over the experts the batch touches (uniform routing); with EP the slowest EP rank's
-    pairs and touched experts (costmodel/ep.py), plus the remote pairs a masked kernel walks."""
+def routed_experts_nb(p, tokens):
+    """The routed experts of one MoE layer on the slowest GPU for the ``tokens`` the layer routes (the
+    step's tokens; with DP attention every rank's together): without EP the fused MoE over the experts
+    the batch touches (uniform routing); with EP the slowest EP rank's pairs and touched experts
+    (costmodel/ep.py), plus the remote pairs a masked kernel walks."""
     if p.ep <= 1.0:
-        pairs = m * p.top_k
-        tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, m)
-        return moe_experts_time_nb(pairs, expected_experts_nb(m, p.experts, p.top_k), pairs, p.hidden, p.exp_inter,
-                                   p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm,
-                                   p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,   # fitted as a fraction of gemm_max
-                                   tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)
-    tokens = ep_tokens_nb(p, m)
+        pairs = tokens * p.top_k
+        tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, tokens)
+        return moe_experts_time_nb(pairs, expected_experts_nb(tokens, p.experts, p.top_k), pairs, p.hidden,
+                                   p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms,
+                                   p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,
+                                   tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)   # (moe_eff: of gemm_max)
     rank, touched = rank_load_nb(tokens, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
     walked = tokens * p.top_k if p.ep_masked > 0.0 else rank
     tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, tokens)
@@ -105,18 +104,21 @@ def routed_experts_nb(p, m):
 
 
 @njit(cache=True)
-def alltoall_layer_nb(p, m):
-    """Dispatch + combine of one MoE layer (DP attention with EP; 0 otherwise), m tokens per DP rank."""
-    if p.ep <= 1.0 or p.attn_dp <= 1.0:
+def alltoall_layer_nb(p, m, tokens):
+    """Dispatch + combine of one MoE layer (DP attention with EP; 0 otherwise): the busiest DP rank
+    sends its ``m`` tokens, the slowest EP rank receives its pairs of the step's ``tokens``."""
+    if not wide_ep_nb(p):
         return 0.0
-    rank, _ = rank_load_nb(ep_tokens_nb(p, m), p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
+    rank, _ = rank_load_nb(tokens, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
     return dispatch_combine_nb(p, m, rank)
 
 
 @njit(cache=True)
 def _moe_nb(p, m):
-    """Routed experts (fused MoE over the experts the batch touches), shared experts and router."""
-    t = routed_experts_nb(p, m)
+    """One MoE layer on a rank's m tokens: the routed experts (fused MoE over the experts the batch
+    touches; with wide EP priced per step on every rank's tokens instead, `_rank_components_nb`),
+    shared experts and router."""
+    t = 0.0 if wide_ep_nb(p) else routed_experts_nb(p, m)
     t += _gemms_nb(p, m, p.sh_k, p.sh_n)
     return t + _gemm16_nb(p, m, p.hidden, p.router_n)
 
@@ -130,19 +132,20 @@ def _gemms_bytes_nb(p, m, ks, ns):
 
 
 @njit(cache=True)
-def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec):
+def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     """HBM bytes one step moves on a whole replica, the bytes the cost above prices: every layer's
     GEMMs at the priced token count ``m`` (weights once, activations in and out: ``gemm_bytes_nb``);
     for a MoE layer the routed experts the batch touches (``expected_experts_nb`` of them, each
     running its share of the m x top_k rows, as ``_moe_nb`` prices them), the shared experts and the
     16-bit router; the elementwise kernels' bytes per token; attention's KV cache of the prefill
     chunks and decodes and the queries and outputs of the step's tokens; the LM head on the sampled
-    rows. Per GPU, summed over the layers of every pipeline stage, times the TP group."""
+    rows. Per GPU, summed over the layers of every pipeline stage, times the TP group. ``moe_tok``: the
+    tokens the MoE layers route (m; with wide EP every DP rank's real tokens)."""
     attn = _gemms_bytes_nb(p, m, p.attn_k, p.attn_n)
     b = p.n_dense_layers * (attn + _gemms_bytes_nb(p, m, p.mlp_k, p.mlp_n))
     if p.n_moe_layers > 0.0:
         if p.ep > 1.0:     # the slowest EP rank's experts (every rank counted as it: an upper bound)
-            pairs, touched = rank_load_nb(ep_tokens_nb(p, m), p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs,
+            pairs, touched = rank_load_nb(moe_tok, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs,
                                           p.skew_touched)
             rows = pairs / touched if touched > 0.0 else 0.0
         else:
@@ -178,7 +181,8 @@ def allreduce_nb(p, m, graphed):
 
 @njit(cache=True)
 def layer_costs_nb(p, m, graphed):
-    """(GEMMs, elementwise, all-reduces) of every layer of one forward over m tokens."""
+    """(GEMMs, elementwise, all-reduces) of every layer of one forward over m tokens (with wide EP
+    without the routed experts and the all-to-all: they see every DP rank's tokens)."""
     g_attn = _gemms_nb(p, m, p.attn_k, p.attn_n)
     gemm = p.n_dense_layers * (g_attn + _gemms_nb(p, m, p.mlp_k, p.mlp_n))
     if p.n_moe_layers > 0.0:
@@ -187,8 +191,6 @@ def layer_costs_nb(p, m, graphed):
     elem = n_layers * (m * p.elem_s_tok_layer + p.elem_kernels * p.elem_latency)
     # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
     comm = 2.0 * n_layers * allreduce_nb(p, m, graphed)
-    if p.n_moe_layers > 0.0:
-        comm += p.n_moe_layers * alltoall_layer_nb(p, m)   # expert parallelism with DP attention
     return gemm, elem, comm
 
 
@@ -292,23 +294,47 @@ class IterationCost(NamedTuple):
 
 
 @njit(cache=True)
-def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
-    if p.attn_dp > 1.0:
-        # DP attention: the batch split evenly over the ranks, each stepping its share together; the
-        # busiest holds ceil(sequences / ranks) of the mean sequence
-        d = p.attn_dp
-        seqs = n_pf + n_dec
-        f = math.ceil(seqs / d) / seqs if seqs > 0.0 else 1.0 / d
-        r = _rank_components_nb(p, tp_tok * f, n_pf * f, n_logit * f, pairs * f, kv_pf * f, n_dec * f, kv_dec * f)
-        return IterationCost(r.gemm, r.attention, r.elementwise, r.communication, r.overhead, r.latency, r.interval,
-                             r.flops * d, r.nbytes * d)
-    return _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+def rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
+    """The busiest DP attention rank's aggregates: whole sequences, ceil(n_pf / D) prefill chunks of the
+    mean chunk and ceil(n_dec / D) decodes (`ep.busiest_share_nb`), the sampled rows its decodes and
+    its chunks' mean share of the prefills' ones. D = 1: the step itself."""
+    if p.attn_dp <= 1.0:
+        return tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec
+    r_pf = busiest_share_nb(n_pf, p.attn_dp)
+    r_dec = busiest_share_nb(n_dec, p.attn_dp)
+    fp = r_pf / n_pf if n_pf > 0.0 else 0.0
+    fd = r_dec / n_dec if n_dec > 0.0 else 0.0
+    return (tp_tok * fp, r_pf, r_dec + max(n_logit - n_dec, 0.0) * fp, pairs * fp, kv_pf * fp, r_dec,
+            kv_dec * fd)
 
 
 @njit(cache=True)
-def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
-    """One step of one (DP attention) rank: its own prefill chunks and decodes; its MoE layers see
-    every rank's tokens (ep_tokens_nb)."""
+def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
+    if p.attn_dp > 1.0:
+        # DP attention: the busiest rank's own sequences (rank_share_nb); its MoE layers route the
+        # step's real tokens, every rank's together (wide EP); FLOPs those of the whole replica,
+        # bytes every rank's counted as the busiest's (an upper bound)
+        d = p.attn_dp
+        a = rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+        r = _rank_components_nb(p, a[0], a[1], a[2], a[3], a[4], a[5], a[6], tp_tok + n_dec)
+        return IterationCost(r.gemm, r.attention, r.elementwise, r.communication, r.overhead, r.latency, r.interval,
+                             flops_nb(p, tp_tok + n_dec, pairs, kv_dec), r.nbytes * d)
+    return _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, 0.0)
+
+
+@njit(cache=True)
+def flops_nb(p, tokens, pairs, kv_dec):
+    """FLOPs of a step: every active weight twice per token, attention's pairs and decode KV."""
+    n_layers = p.n_dense_layers + p.n_moe_layers
+    return 2.0 * p.active_params_gpu * p.tp * p.pp * tokens + n_layers * p.tp * (
+        pairs * p.attn_flops_pair + kv_dec * p.attn_flops_kv_decode)
+
+
+@njit(cache=True)
+def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, moe_tok):
+    """One step of one (DP attention) rank: its own prefill chunks and decodes; with wide EP its MoE
+    layers route ``moe_tok`` tokens, every rank's (the routed experts and all-to-all outside the
+    per-token tables)."""
     tokens = tp_tok + n_dec
     seqs = n_pf + n_dec
     if tokens <= 0.0:
@@ -322,6 +348,11 @@ def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
         comm_tp = p.tab_comm[mi]
     else:
         gemm, elem, comm_tp = layer_costs_nb(p, m, padded > 0.0)
+    if wide_ep_nb(p) and p.n_moe_layers > 0.0:
+        gemm += p.n_moe_layers * routed_experts_nb(p, moe_tok)
+        comm_tp += p.n_moe_layers * alltoall_layer_nb(p, tokens, moe_tok)
+    else:
+        moe_tok = m
     # LM head on the sampled rows (vocab-parallel, outside the graph) + gather of logits across TP
     gemm += _gemm16_nb(p, n_logit, p.hidden, p.vocab_gpu)
     if p.tp > 1.0 and n_logit > 0.0:
@@ -344,9 +375,8 @@ def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     overhead = step - body
     latency = step + (p.pp - 1.0) * send
     interval = body / p.pp + send + overhead
-    flops = 2.0 * p.active_params_gpu * p.tp * p.pp * tokens + n_layers * p.tp * (
-        pairs * p.attn_flops_pair + kv_dec * p.attn_flops_kv_decode)
-    nbytes = step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec)
+    flops = flops_nb(p, tokens, pairs, kv_dec)
+    nbytes = step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok)
     return IterationCost(gemm, attn, elem, comm_tp + (p.pp - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
@@ -360,15 +390,16 @@ def iteration_time_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
 @njit(cache=True)
 def moe_parts_nb(p, tp_tok, n_pf, n_dec):
     """(routed experts, dispatch + combine) of one step's MoE layers, seconds, inside the gemm and
-    communication of `iteration_components_nb` (the same per-rank tokens and CUDA-graph padding)."""
+    communication of `iteration_components_nb` (the same busiest rank, tokens and CUDA-graph padding)."""
     if p.n_moe_layers <= 0.0:
         return 0.0, 0.0
-    tokens = tp_tok + n_dec
-    seqs = n_pf + n_dec
-    if p.attn_dp > 1.0 and seqs > 0.0:
-        tokens *= math.ceil(seqs / p.attn_dp) / seqs
+    a = rank_share_nb(p, tp_tok, n_pf, n_pf + n_dec, 0.0, 0.0, n_dec, 0.0)
+    tokens = a[0] + a[5]
     if tokens <= 0.0:
         return 0.0, 0.0
+    if wide_ep_nb(p):
+        t = tp_tok + n_dec
+        return p.n_moe_layers * routed_experts_nb(p, t), p.n_moe_layers * alltoall_layer_nb(p, tokens, t)
     padded = graph_tokens_nb(p.graph_sizes, tokens) if p.graph_mode != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
-    return p.n_moe_layers * routed_experts_nb(p, m), p.n_moe_layers * alltoall_layer_nb(p, m)
+    return p.n_moe_layers * routed_experts_nb(p, m), 0.0

@@ -215,7 +215,8 @@ def draft_time_nb(dp, target_dp, n, kv, k, proj):
         r = iteration_components_nb(dp, 0.0, 0.0, m, 0.0, 0.0, m, kvm + m * i)
         t += r.gemm + r.attention + r.elementwise + r.communication
         if proj > 0:
-            t += _gemm_nb(dp, m / max(dp.attn_dp, 1.0), 2.0 * dp.hidden, dp.hidden)
+            t += _gemm_nb(dp, float(math.ceil(m / dp.attn_dp)) if dp.attn_dp > 1.0 else m, 2.0 * dp.hidden,
+                          dp.hidden)   # on the busiest rank's sequences
     return t
 
 
