@@ -127,7 +127,7 @@ class CostParams(NamedTuple):
     kernels_layer: float         # kernels one layer launches when eager
     active_params_gpu: float     # weights touched per token (for MFU)
     ep: float                    # expert parallelism (costmodel/ep.py); 1: experts split by TP only
-    attn_dp: float               # data-parallel attention ranks (the batch split evenly over them)
+    attn_dp: float               # data-parallel attention ranks (each runs its own whole requests)
     ep_masked: float             # 1: the fused MoE walks the remote experts' pairs (attn_dp = 1)
     a2a_bw: float                # all-to-all inside the scale-up domain: B/s, latency (ep.alltoall_link)
     a2a_alpha: float
