@@ -620,6 +620,13 @@ def write_report(errors: pd.DataFrame, vidur: pd.DataFrame, fitted: dict, timing
           "one block of context, which no split explains.",
           "- All-reduce: without the eager copy term one bandwidth fraction serves graph and eager rows and the "
           "graph rows above 64 MiB come out 9-15% too slow (median signed); with it 1-6%. Medians move by < 1 point.",
+          "- All-reduce, one-shot or two-shot (2026-12-06): every GPU's table steps up at 256 KiB on 8 GPUs and "
+          "512 KiB on 4 (H100 8 GPUs: 7.7 us at 128 KiB, 14.7 us at 256 KiB), where the custom all-reduce changes "
+          "from one-shot to two-shot; the formula takes the faster of the two. Choosing by those sizes instead "
+          "(one-shot below them and always on 2 GPUs), held out by GPU count, 64 KiB-8 MiB, vLLM: H100 8.1% -> "
+          "7.8%, A100 8.2% -> 9.0%, H200 13.7% -> 18.5%, B200 14.1% -> 9.6%; not adopted: H200's 8-GPU table is "
+          "not monotone in the message (43.9 us at 1 MiB, 38.8 us at 2 MiB) and no rule of sizes follows it. "
+          "These steps are the step table's H200 and B200 all-reduce misses at batch 32-256.",
           "- MoE, `moe_pair_us`: a third MoE parameter, beyond the 'one or two' asked for, because the EP rows need "
           "it: without it the formula is 17-51% too fast at EP 64-256 (1-4 local experts, where the layer time is "
           "the routing over all T k pairs); with it the held-out median goes 18.7% -> 15.8% (vLLM bf16), 24.4% -> "
