@@ -70,15 +70,14 @@ def test_saturation_verdict_at_the_edge_of_capacity(deps):
         assert above["saturated"], (row.experiment, mu)
 
 
-def test_validate_vllm_check_reports_every_split_and_refuses_only_the_open_stage_targets():
+def test_validate_vllm_check_reports_every_split_and_passes():
     """The shipped vllm profile reproduces the 13 deployments within the issue's tolerances (E2E
     mean 10%, TTFT mean 15%, ITL 10% median, in sample and left out one deployment at a time), and
     no stable deployment is called saturated. --check also checks the stage extrapolation (fit on
-    stage 0, predict stage 1) and the signed bias per load stage; the stage extrapolation meets its
-    targets, the TTFT bias at the higher load stage (+5.6%, LODO) misses the +-5% one, so --check fails,
-    and only on a stage item."""
+    stage 0, predict stage 1) and the signed bias per load stage (+-5%, LODO); all are met, so
+    --check passes."""
     r = CliRunner().invoke(main, ["validate", "--suite", "vllm", "--check", "--format", "json"])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out[0]["suite"] == "vllm" and set(out[0]["checked"]) == {"e2e_mean", "ttft_mean", "itl_mean"}
     assert all(v["median"] <= v["tolerance"] for v in out[0]["checked"].values())
@@ -87,9 +86,6 @@ def test_validate_vllm_check_reports_every_split_and_refuses_only_the_open_stage
     lodo = held["splits"]["lodo"]["whole"]
     assert lodo["n"] == 13 and lodo["e2e_mean"] <= 0.10 and lodo["ttft_mean"] <= 0.15 and lodo["itl_mean"] <= 0.10
     assert held["splits"]["stage"]["stages"]["n"] == 8      # the 8 deployments with a second, faster stage
-    err = r.stderr.strip()
-    assert err.startswith("servesim: error: validation failed:")
-    failures = err.split("validation failed:", 1)[1].split(";")
-    assert failures and all(f.strip().startswith("vllm stage") for f in failures), failures
+    assert "validation failed" not in r.stderr
     c = vs.run_suite()
     assert not c.saturated.any() and c.predicted.notna().all()
