@@ -7,10 +7,13 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+import servesim.api as api
+from servesim.checks import sim_config
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
 from servesim.engine import state as S
-from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
+from servesim.engine.lower import EngineOptions, engine_config, engine_options, one_pool_inputs
+from servesim.errors import ConfigError
 from servesim.reference.sim import KVCache, reference_run, reference_simulate_pools
 
 from conftest import shared_prefix_chains
@@ -683,6 +686,89 @@ def test_static_prefill_reserves_the_prompt_only(replica_cost):
     assert ref["status"][0] == C.DONE
 
 
+# ---------------------------------------------------------------- DP attention: a rank's own chunk
+def test_dp_attention_lowering_caps_a_sequences_chunk_at_one_ranks_budget():
+    """--attn-dp 8 with 512 tokens per rank: one scheduler of 8 x 512 tokens and 8 x 16 sequences,
+    whose chunk of any one sequence is 512 (the sequence sits on one rank); without DP attention
+    the cap is the whole budget."""
+    kw = dict(model="deepseek-v3", hardware="h200-sxm", dtype="fp8", max_num_batched_tokens=512, max_num_seqs=16)
+    cfg, *_ = api.resolve(sim_config(None, tp=1, ep=8, attn_dp=8, **kw))
+    opts = engine_options(cfg)
+    assert (opts.max_num_batched_tokens, opts.max_num_seqs, opts.max_chunk_tokens) == (4096, 128, 512)
+    cfg1, *_ = api.resolve(sim_config(None, tp=8, **kw))
+    assert engine_options(cfg1).max_chunk_tokens is None
+
+
+def dp_cfg(rc, scheduler="vllm", **opts):
+    """The lowered limits of DP attention over 8 ranks of 512 tokens and 16 sequences each."""
+    base = dict(max_num_seqs=128, max_num_batched_tokens=4096, max_chunk_tokens=512, block_size=BS,
+                scheduler=scheduler)
+    return engine_config(EngineOptions(**(base | opts)), rc)._replace(max_time=1e4)
+
+
+def one_pool(rc, cfg, prompt, output):
+    n = len(prompt)
+    pools = pools_of([dict(num_blocks=4000)])
+    out, ref = both((rc.params,), cfg, pools, np.zeros(n), prompt, output, chains_of([[] for _ in range(n)]))
+    assert_agree(out, ref)
+    return out, ref
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "sarathi"])
+def test_dp_rank_prefills_a_2000_token_prompt_in_4_chunks(scheduler, replica_cost):
+    """DP 8, 512 tokens per rank: one 2,000-token prompt takes ceil(2000 / 512) = 4 prefill steps
+    (512, 512, 512, 464), exactly as one rank of budget 512 alone runs it; two such prompts run
+    side by side on two ranks in the same 4 steps; uncapped, the 4,096-token budget takes each whole."""
+    rc = replica_cost()
+    extra = dict(chunk_size=4096) if scheduler == "sarathi" else {}
+    cfg = dp_cfg(rc, scheduler, **extra)
+    assert (cfg.max_batched_tokens, cfg.max_chunk_tokens) == (4096, 512)
+    one, _ = one_pool(rc, cfg, np.array([2000]), np.array([1]))
+    assert one.stats[S.STAT_ITERATIONS] == 4
+    rank = engine_config(EngineOptions(max_num_seqs=16, max_num_batched_tokens=512, chunk_size=512, block_size=BS,
+                                       scheduler=scheduler), rc)._replace(max_time=1e4)
+    assert rank.max_chunk_tokens == 512
+    alone, _ = one_pool(rc, rank, np.array([2000]), np.array([1]))
+    assert alone.stats[S.STAT_ITERATIONS] == 4
+    assert one.first_token[0] == alone.first_token[0]
+    two, _ = one_pool(rc, cfg, np.array([2000, 2000]), np.array([1, 1]))
+    assert two.stats[S.STAT_ITERATIONS] == 4
+    whole, _ = one_pool(rc, dp_cfg(rc, scheduler, max_chunk_tokens=None, **extra), np.array([2000, 2000]),
+                        np.array([1, 1]))
+    assert whole.stats[S.STAT_ITERATIONS] == 1
+    assert whole.first_token[0] < two.first_token[0]
+
+
+@pytest.mark.parametrize("scheduler", ["orca", "vllm-v0"])
+def test_dp_cap_leaves_whole_prompt_policies_whole(scheduler, replica_cost):
+    """orca and vllm-v0 never cut a prompt: the cap does not either (one 2,000-token step)."""
+    rc = replica_cost()
+    out, _ = one_pool(rc, dp_cfg(rc, scheduler), np.array([2000]), np.array([1]))
+    assert out.stats[S.STAT_ITERATIONS] == 1
+
+
+@pytest.mark.parametrize("policy", some(list(C.POLICIES), DEFAULT_POLICIES))
+def test_kernel_agrees_under_a_chunk_cap(policy, replica_cost):
+    """A cap below the budget (a DP rank's share) on a loaded pool with preemptions: kernel and
+    reference agree on every record."""
+    rc = replica_cost()
+    pools = pools_of([dict(count=2, num_blocks=60, watermark_blocks=1)])
+    arrival, prompt, output = workload(120, 3, 80.0, 500, 60)
+    cfg = config(rc, pools, scheduler=policy, max_num_batched_tokens=600, chunk_size=300, max_chunk_tokens=72)
+    assert cfg.max_chunk_tokens == 72
+    out, ref = both((rc.params,), cfg, pools, arrival, prompt, output, chains_of([[] for _ in prompt]))
+    assert_agree(out, ref)
+    if policy in ("vllm", "sarathi"):     # the cap cut chunks the budget alone would not have
+        _, whole = both((rc.params,), cfg._replace(max_chunk_tokens=cfg.max_batched_tokens), pools, arrival, prompt,
+                        output, chains_of([[] for _ in prompt]))
+        assert not np.array_equal(whole["first_token"], ref["first_token"])
+
+
+def test_bad_chunk_cap_is_refused(replica_cost):
+    with pytest.raises(ConfigError, match="max_chunk_tokens must be >= 1"):
+        engine_config(EngineOptions(max_chunk_tokens=0), replica_cost())
+
+
 # ---------------------------------------------------------------- random deployments of mixed pools
 @st.composite
 def mixed_deployments(draw):
@@ -694,7 +780,7 @@ def mixed_deployments(draw):
     opts = dict(scheduler=draw(st.sampled_from(list(C.POLICIES))), router=draw(st.sampled_from(list(C.ROUTERS))),
                 preemption=draw(st.sampled_from(list(C.PREEMPTION))), max_num_seqs=draw(st.integers(1, 12)),
                 max_num_batched_tokens=draw(st.integers(8, 600)), chunk_size=draw(st.integers(8, 300)), block_size=bs,
-                prefix_caching=draw(st.sampled_from([0, 1, 1])))
+                prefix_caching=draw(st.sampled_from([0, 1, 1])), max_chunk_tokens=draw(st.sampled_from([None, None, 8, 100])))
     wl = dict(sessions=draw(st.booleans()), n=draw(st.integers(1, 60)), seed=draw(st.integers(0, 2**16)),
               rate=draw(st.floats(5.0, 300.0)), max_prompt=draw(st.integers(2, 700)),
               max_output=draw(st.integers(1, 60)), groups=draw(st.integers(1, 4)), blocks=draw(st.integers(1, 10)))
@@ -737,7 +823,7 @@ def pd_deployments(draw):
                 router=draw(st.sampled_from(list(C.ROUTERS))), preemption=draw(st.sampled_from(list(C.PREEMPTION))),
                 max_num_seqs=draw(st.integers(1, 8)), max_num_batched_tokens=draw(st.integers(16, 600)),
                 chunk_size=draw(st.integers(16, 300)), block_size=bs, prefix_caching=draw(st.sampled_from([0, 1])),
-                layerwise=draw(st.sampled_from([0, 1])))
+                layerwise=draw(st.sampled_from([0, 1])), max_chunk_tokens=draw(st.sampled_from([None, None, 16, 100])))
     wl = dict(n=draw(st.integers(1, 40)), seed=draw(st.integers(0, 2**16)), rate=draw(st.floats(5.0, 300.0)),
               link_bw=draw(st.sampled_from([1e9, 1e10])))
     return specs, opts, wl

@@ -71,6 +71,7 @@ class EngineOptions:
     log_size: int = 20000
     num_gpu_blocks: int | None = None   # KV blocks per replica given by the user (None: from memory)
     frontend: float = 0.0               # s from a client sending a request to the engine receiving it
+    max_chunk_tokens: int | None = None  # one sequence's prefill chunk per step (None: the whole budget)
 
 
 class KernelInputs(NamedTuple):
@@ -120,6 +121,8 @@ def engine_config(opts: EngineOptions, replica_cost) -> EngineConfig:
                     ("--chunk-size", opts.chunk_size)):
         if v < 1:
             raise ConfigError(f"{name} must be >= 1, got {v}")
+    if opts.max_chunk_tokens is not None and opts.max_chunk_tokens < 1:
+        raise ConfigError(f"max_chunk_tokens must be >= 1 (or None: the whole budget), got {opts.max_chunk_tokens}")
     if not 0.0 <= opts.watermark < 1.0:
         raise ConfigError(f"watermark must be in [0, 1), got {opts.watermark}")
     mem = replica_cost.memory
@@ -137,12 +140,14 @@ def engine_config(opts: EngineOptions, replica_cost) -> EngineConfig:
             f"of {mem.usable_bytes / 2**30:.1f} GiB usable); use a larger --tp/--pp, a smaller --dtype "
             f"or a higher --gpu-memory-utilization")
     budget = opts.chunk_size if policy == C.SARATHI else opts.max_num_batched_tokens
+    chunk = budget if opts.max_chunk_tokens is None else min(budget, opts.max_chunk_tokens)
     return EngineConfig(
         policy=policy,
         router=_code(C.ROUTERS, opts.router, "--router"),
         preemption=_code(C.PREEMPTION, opts.preemption, "--preemption"),
         replicas=int(opts.replicas), pp=int(replica_cost.layout.pp),
         max_num_seqs=int(opts.max_num_seqs), max_batched_tokens=int(budget),
+        max_chunk_tokens=int(chunk),
         block_size=int(opts.block_size), num_blocks=int(num_blocks),
         watermark_blocks=int(math.floor(opts.watermark * num_blocks)),
         concurrency=int(opts.concurrency),
@@ -158,8 +163,11 @@ def engine_options(cfg, window=None) -> EngineOptions:
     given = {f.name for f in dataclasses.fields(cfg)}
     shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(EngineOptions) if f.name in given}
     if cfg.attn_dp > 1:     # every DP attention rank schedules its own batch (costmodel/ep.py)
+        # the replica's scheduler holds the ranks' limits together; one sequence sits on one rank,
+        # so its prefill chunk is cut to that rank's own budget (SGLang DP attention, vLLM DP ranks)
         shared.update(max_num_seqs=cfg.max_num_seqs * cfg.attn_dp,
-                      max_num_batched_tokens=cfg.max_num_batched_tokens * cfg.attn_dp)
+                      max_num_batched_tokens=cfg.max_num_batched_tokens * cfg.attn_dp,
+                      max_chunk_tokens=cfg.max_num_batched_tokens)
     return EngineOptions(**shared | dict(
         duration=math.inf if cfg.duration is None or window else cfg.duration, warmup_time=cfg.warmup))
 

@@ -221,10 +221,10 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                         continue        # a verification is not split
                     c = min(spec.yields[spec.start[i] + spec.steps[i]], rq.output[i] - generated[i])
                     ahead = min(tok, rq.output[i] - generated[i])
-                elif c > budget:
-                    if pol == C.ORCA:
-                        continue
-                    c = budget
+                elif c > budget and pol == C.ORCA:
+                    continue
+                elif c > min(budget, cfg.max_chunk_tokens) and pol != C.ORCA:
+                    c = min(budget, cfg.max_chunk_tokens)   # (DP attention: a rank's own budget)
                     tok = c
                     ahead = c
                 need = blocks_for_nb(computed[i] + ahead, cfg.block_size) - blocks[i]
@@ -297,12 +297,11 @@ def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now,
         done = computed[i] if h == 0 else h * cfg.block_size
         held = blocks[i] if h == 0 else h
         c = prompt[i] + generated[i] - done
-        if c > budget:
-            if pol == C.ORCA or pol == C.VLLM_V0:
-                if nb > 0:
-                    break
-            else:
-                c = budget
+        if pol == C.ORCA or pol == C.VLLM_V0:
+            if c > budget and nb > 0:
+                break       # whole prompts only; an empty batch takes it anyway
+        elif c > min(budget, cfg.max_chunk_tokens):
+            c = min(budget, cfg.max_chunk_tokens)
         need = blocks_for_nb(done + c, cfg.block_size) - held
         if need + g0 + hc > 0 and free_blocks[r] - (need + g0 + hc) < wm:
             break

@@ -29,6 +29,7 @@ class EngineConfig(NamedTuple):
     pp: int
     max_num_seqs: int
     max_batched_tokens: int     # token budget per iteration (sarathi: the chunk size)
+    max_chunk_tokens: int       # one sequence's prefill chunk per iteration (DP attention: a rank's budget)
     block_size: int
     num_blocks: int             # KV blocks per replica
     watermark_blocks: int

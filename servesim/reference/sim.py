@@ -45,8 +45,9 @@ Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in
   vllm,     1) running requests not in flight, in admission order (vllm: decodes and partial
   sarathi,     prefills alike, as vLLM V1; the others: first the decodes, then the partial prefills),
                within `max_num_seqs` sequences and the token budget (sarathi's
-  orca,        budget is its chunk size); a prefill longer than the budget is chunked (orca skips
-  vllm-v0      it instead). If a request's next KV blocks do not fit, the youngest running request
+  orca,        budget is its chunk size); a prefill longer than the budget, or than
+  vllm-v0      `max_chunk_tokens` (DP attention: one rank's budget), is chunked (orca skips
+               it instead). If a request's next KV blocks do not fit, the youngest running request
                that is neither in flight nor already in this batch is preempted (possibly the
                request itself), until they fit -- except that a request never preempts itself
                while a micro-batch of its replica is in flight: it waits for that micro-batch
@@ -55,8 +56,8 @@ Scheduling (one micro-batch per step; a replica with PP stages holds up to PP in
             2) unless something was preempted (or had to wait) in this step, admit waiting
                requests FCFS while the blocks they need leave at least `watermark` blocks free
                (an admission needing no new block at all is not held back by the watermark);
-               vllm/sarathi chunk the head to the remaining budget, orca/vllm-v0 take whole
-               prompts only (an empty batch takes a prompt longer than the budget whole).
+               vllm/sarathi chunk the head to the remaining budget (at most `max_chunk_tokens`),
+               orca/vllm-v0 take whole prompts only (an empty batch takes a prompt longer than the budget whole).
             vllm-v0 is prefill-prioritised: if the head of the queue can be admitted, the step
             admits only (no running requests); otherwise it is a decode-only step (1 without 2).
 Preemption. recompute: the victim drops its KV cache and its computed tokens and goes to the front
@@ -894,10 +895,10 @@ class ReferenceSimulator:
                     left = req.output - req.generated
                     chunk = min(int(self.spec.yields[self.spec.start[req.index] + self.spec_steps[req.index]]), left)
                     ahead = min(tokens, left)
-                elif chunk > step.budget:
-                    if pol == C.ORCA:
-                        continue
-                    chunk = tokens = ahead = step.budget
+                elif chunk > step.budget and pol == C.ORCA:
+                    continue
+                elif chunk > min(step.budget, cfg.max_chunk_tokens) and pol != C.ORCA:
+                    chunk = tokens = ahead = min(step.budget, cfg.max_chunk_tokens)
                 need = self.blocks_needed(req, ahead)
                 while need > rep.kv.free:
                     victim = next((q for q in reversed(rep.running)
@@ -929,12 +930,11 @@ class ReferenceSimulator:
             hit = self.cached(rep, head)
             h, g0, c = hit
             chunk = head.pending - h * bs
-            if chunk > step.budget:
-                if pol in (C.ORCA, C.VLLM_V0):
-                    if step.members:
-                        break               # whole prompts only; an empty batch takes it anyway
-                else:
-                    chunk = step.budget
+            if pol in (C.ORCA, C.VLLM_V0):
+                if chunk > step.budget and step.members:
+                    break                   # whole prompts only; an empty batch takes it anyway
+            elif chunk > min(step.budget, cfg.max_chunk_tokens):
+                chunk = min(step.budget, cfg.max_chunk_tokens)
             private = blocks_for(head.computed + h * bs + chunk, bs) - head.blocks - h
             needed = g0 + c + private
             if needed > 0 and rep.kv.free - needed < wm:
