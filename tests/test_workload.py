@@ -499,3 +499,16 @@ def test_toml_errors(tmp_path, old, new, words):
 def test_missing_toml_path():
     with pytest.raises(ConfigError, match="not found"):
         load_workload("/no/such/workload.toml")
+
+
+def test_a_trace_rewritten_between_reads_is_read_again_and_reads_do_not_share_arrays(tmp_path):
+    # the plain-number reader remembers a file per version: a changed file must not give the old rows,
+    # and one caller's edits must not reach the next read
+    p = tmp_path / "t.csv"
+    p.write_text("num_prefill_tokens,num_decode_tokens\n10,5\n20,6\n")
+    a = read_trace(p)
+    a.prompt[0] = 999
+    assert read_trace(p).prompt.tolist() == [10, 20]
+    p.write_text("num_prefill_tokens,num_decode_tokens\n30,7\n40,8\n50,9\n")
+    b = read_trace(p)
+    assert b.prompt.tolist() == [30, 40, 50] and b.output.tolist() == [7, 8, 9]
