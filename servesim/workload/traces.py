@@ -18,6 +18,7 @@ Every error names the file and the 1-based line number of the first bad row.
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,24 +122,21 @@ def read_trace(path) -> Trace:
 _NUMBERS = re.compile(r"(?:[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\n)+")   # one a line
 
 
-_PLAIN: dict = {}    # (path, mtime_ns, size, columns) -> _plain_numbers' result, for runs that re-read a trace
-
-
 def _plain_numbers_cached(p: Path, cols: list[str]) -> tuple[dict, np.ndarray] | None:
     """`_plain_numbers`, remembered per file version (path, modification time, size) for the process:
     a sweep, a plan or a test suite simulates the same shipped trace many times (~60 ms a read).
     Each call gets its own copies of the arrays."""
     st = p.stat()
-    key = (str(p.resolve()), st.st_mtime_ns, st.st_size, tuple(cols))
-    if key not in _PLAIN:
-        if len(_PLAIN) >= 16:
-            _PLAIN.pop(next(iter(_PLAIN)))
-        _PLAIN[key] = _plain_numbers(p, cols)
-    got = _PLAIN[key]
+    got = _plain_numbers_of(str(p.resolve()), st.st_mtime_ns, st.st_size, tuple(cols))
     if got is None:
         return None
     values, line = got
     return {c: v.copy() for c, v in values.items()}, line.copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _plain_numbers_of(path: str, mtime_ns: int, size: int, cols: tuple) -> tuple[dict, np.ndarray] | None:
+    return _plain_numbers(Path(path), list(cols))
 
 
 def _plain_numbers(p: Path, cols: list[str]) -> tuple[dict, np.ndarray] | None:
@@ -154,7 +152,8 @@ def _plain_numbers(p: Path, cols: list[str]) -> tuple[dict, np.ndarray] | None:
         return None
     values = {}
     for c in cols:
-        cells = [r[header.index(c)] for r in rows[1:]]
+        k = header.index(c)
+        cells = [r[k] for r in rows[1:]]
         if _NUMBERS.fullmatch("\n".join(cells) + "\n") is None:
             return None
         values[c] = np.array([float(v) for v in cells], dtype=np.float64)
