@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,6 @@ sys.path.insert(0, str(REPO))
 from servesim.calibrate import engine_kernels as ek  # noqa: E402
 from servesim.calibrate import ep_fit  # noqa: E402
 from servesim.config import load_hardware  # noqa: E402
-from servesim.config.engine import load_engine  # noqa: E402
 
 REPORT = REPO / "experiments" / "results" / "ep_validation.md"
 TARGET = 0.15
@@ -99,25 +97,7 @@ def run_alltoall(lines: list) -> dict:
 
 
 def run_moe(lines: list) -> pd.DataFrame:
-    rows = []
-    for gpu, engines in ek.ENGINES.items():
-        hw = load_hardware(ek.GPUS[gpu])
-        for engine in engines:
-            f = ep_fit.moe_ep_frame(gpu, engine)
-            if f is None:
-                continue
-            eng = load_engine(engine)
-            try:
-                eng.fit_for(hw)
-            except Exception:      # no fit of this engine on this GPU
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                f["pred_s"] = ep_fit.predict_moe_ep(f, hw, eng)
-            f["err"] = f["pred_s"] / f["time_s"] - 1.0
-            f["gpu"] = hw.name
-            rows.append(f)
-    f = pd.concat(rows, ignore_index=True)
+    f = ep_fit.held_out_ep_rows()
     f["band"] = pd.cut(f["tokens"], BANDS).astype(str)
     gens = ", ".join(f"{folder}: {d}" for folder, d in sorted(ep_fit.DEFICIT.items()))
     lines += ["## Fused MoE under expert parallelism (every EP > 1 row held out)", "",

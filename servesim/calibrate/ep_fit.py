@@ -175,3 +175,32 @@ def predict_moe_ep(frame: pd.DataFrame, hw, engine) -> np.ndarray:
 
 __all__ = ["A2A_TABLE", "EP_TABLE", "alltoall_frame", "alltoall_holdout", "fit_alltoall", "moe_ep_frame",
            "predict_alltoall", "predict_moe_ep", "refresh_ep_data"]
+
+
+def held_out_ep_rows() -> pd.DataFrame:
+    """Every shipped EP > 1 ``moe_perf`` row of every (GPU, engine) with a fit, with its prediction
+    (``pred_s``), relative error (``err``) and GPU: all held out, the engines' fused-MoE parameters
+    being fitted on EP = 1 rows only."""
+    import warnings
+
+    from ..config import load_hardware
+    from ..config.engine import load_engine
+    rows = []
+    for gpu, engines in ek.ENGINES.items():
+        hw = load_hardware(ek.GPUS[gpu])
+        for engine in engines:
+            f = moe_ep_frame(gpu, engine)
+            if f is None:
+                continue
+            eng = load_engine(engine)
+            try:
+                eng.fit_for(hw)
+            except ConfigError:      # no fit of this engine on this GPU
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                f["pred_s"] = predict_moe_ep(f, hw, eng)
+            f["err"] = f["pred_s"] / f["time_s"] - 1.0
+            f["gpu"] = hw.name
+            rows.append(f)
+    return pd.concat(rows, ignore_index=True)
