@@ -48,10 +48,11 @@ from ..config import load_hardware
 from ..config.engine import load_engine, with_fit_for
 from ..costmodel import Layout, build_replica
 from ..costmodel.dtypes import compute_dtype
+from ..costmodel.speculative import host_params, lower_draft, spec_draws
 from ..errors import ConfigError, InfeasibleError
 from ..workload.chains import block_chains
 from . import codes as C
-from .state import Chains, EngineConfig, Pools
+from .state import Chains, EngineConfig, Pools, Spec
 
 
 @dataclass(frozen=True)
@@ -336,8 +337,6 @@ def spec_inputs(speculative, pool_costs: list, output, seed: int):
     stream of ``seed``) and each pool's draft lowered on its own replica (nothing for ngram)."""
     if speculative is None:
         return None, None
-    from ..costmodel.speculative import lower_draft, spec_draws
-    from .state import Spec
     yields, start = spec_draws(speculative, output, seed)
     drafts = [lower_draft(rc, speculative) for rc in pool_costs]
     has = all(d is not None for d in drafts)
@@ -354,7 +353,6 @@ def lower_requests(dep: Deployment, requests, seed: int, speculative=None) -> Ke
     chains = chains_of(requests, cfg.block_size, bool(cfg.prefix_caching))
     arrival, prompt, output, u1, u2 = request_arrays(cfg, requests.arrival, requests.prompt, requests.output, seed)
     spec, dps = spec_inputs(speculative, [lp.cost for lp in dep.pools], output, seed)
-    from ..costmodel.speculative import host_params
     return KernelInputs(tuple(host_params(lp.cost, speculative) for lp in dep.pools), cfg, dep.table, arrival, prompt,
                         output, u1, u2, chains, spec, dps)
 
