@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from .t975 import T975
+
 K_MIN = 3           # fewest batches: with fewer the t critical value explodes (t_1 = 12.7)
 K_MAX = 30          # most batches: 10 to 30 batches lose little width and keep the bias small
                     # (Schmeiser 1982, "Batch size effects in the analysis of simulation output",
@@ -88,9 +90,20 @@ def num_batches(n: int, b: int) -> int:
     return int(min(max(n // max(b, 1), K_MIN), K_MAX))
 
 
+def table_dfs() -> list[float]:
+    """Every degrees of freedom the intervals use: 1.5 (k - 1) (`_se`) and k - 1 (separate batches,
+    `totals_ratio_ci`, `metrics_stream`) for k = K_MIN..K_MAX batches."""
+    return sorted({float(m * (k - 1)) for k in range(K_MIN, K_MAX + 1) for m in (1.0, 1.5)})
+
+
 @functools.lru_cache(maxsize=256)
 def _t(df: float) -> float:
-    from scipy.special import stdtrit   # Student-t quantile (lazy: scipy.stats costs ~1 s to import)
+    """Student-t 0.975 quantile: `t975.T975`'s value (scipy.special.stdtrit's, written ahead: importing
+    scipy.special costs ~0.1 s of a run), else stdtrit's (lazy: scipy.stats costs ~1 s to import)."""
+    t = T975.get(float(df))
+    if t is not None:
+        return t
+    from scipy.special import stdtrit
     return float(stdtrit(df, 0.975))
 
 

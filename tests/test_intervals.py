@@ -173,3 +173,16 @@ def test_describe_equals_the_sorted_computation():
         assert got[f"p{p}"] == I.sorted_quantile(xs, p / 100) * 1e3
         want = [None if v is None else v * 1e3 for v in I.quantile_ci(x, xs, p / 100, 25)]
         assert got["ci95"][f"p{p}"] == want
+
+
+def test_t_table_is_scipys_stdtrit_for_every_df_used():
+    """servesim/t975.py (experiments/t975_table.py) holds stdtrit(df, 0.975) exactly, for every df the
+    intervals can ask for: 1.5 (k - 1) and k - 1 batches of K_MIN..K_MAX; other df still go to scipy."""
+    from scipy.special import stdtrit
+    from servesim.t975 import T975
+    used = {1.5 * (k - 1) for k in range(I.K_MIN, I.K_MAX + 1)} | {float(k - 1) for k in range(I.K_MIN, I.K_MAX + 1)}
+    assert used == set(I.table_dfs()) == set(T975)
+    for df in sorted(used):
+        assert T975[df] == float(stdtrit(df, 0.975)), df
+        assert I._t(df) == float(stdtrit(df, 0.975))
+    assert I._t(100.0) == float(stdtrit(100.0, 0.975)) and 100.0 not in T975
