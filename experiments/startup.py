@@ -21,8 +21,10 @@ PARTS = {   # what the profile's cumulative times are read for
     "import servesim": "servesim/__init__.py:(<module>)",
     "numba import": "numba/__init__.py:(<module>)",
     "numba's first cache load (target set-up)": "numba/core/base.py:(refresh)",
-    "of it, numba's BLAS check (imports scipy.linalg)": "numba/np/arraymath.py:(_check_blas)",
+    "of it, numba's BLAS probe (none: servesim._numba_start)": "scipy/linalg/__init__.py:(<module>)",
+    "scipy.special import (none: the intervals' t table)": "scipy/special/__init__.py:(<module>)",
     "pandas import (none: a summarised run does not load it)": "pandas/__init__.py:(<module>)",
+    "the CLI's other commands (none: loaded when looked up)": "servesim/cli/plan.py:(<module>)",
     "the kernel run (10,000 requests)": "servesim/engine/run.py:(run)",
     "the summary": "servesim/metrics.py:(summarize)",
 }

@@ -7,6 +7,7 @@ import gc
 import json
 import sys
 import warnings
+from collections.abc import MutableMapping
 from dataclasses import fields
 from pathlib import Path
 
@@ -310,20 +311,49 @@ def warmup():
     run(each=lambda name, s: click.echo(f"{name}: {s:.1f} s"))
 
 
-from .plan import plan, sweep  # noqa: E402
-main.add_command(sweep)
-main.add_command(plan)
+# The commands defined in the other modules of servesim.cli are loaded when first looked up (to run
+# one, for --help, or read from `main.commands`): `servesim simulate` does not load their modules.
+ELSEWHERE = ("sweep", "plan", "train", "compare", "report", "calibrate", "validate")
 
-from .train import compare, train  # noqa: E402
-main.add_command(train)
-main.add_command(compare)
 
-from .report import report  # noqa: E402
-main.add_command(report)
+def _command_elsewhere(name: str) -> click.Command:
+    if name in ("sweep", "plan"):
+        from . import plan as module
+    elif name in ("train", "compare"):
+        from . import train as module
+    elif name == "report":
+        from . import report as module
+    else:
+        from . import calibrate as module
+    return getattr(module, name)
 
-from .calibrate import calibrate, validate  # noqa: E402
-main.add_command(calibrate)
-main.add_command(validate)
+
+class Commands(MutableMapping):
+    """A group's commands by name, those of `ELSEWHERE` loaded on first look-up (click reads a group's
+    commands only through this mapping)."""
+
+    def __init__(self, here):
+        self._got = dict(here)
+
+    def __getitem__(self, name):
+        if name not in self._got and name in ELSEWHERE:
+            self._got[name] = _command_elsewhere(name)
+        return self._got[name]
+
+    def __setitem__(self, name, command):
+        self._got[name] = command
+
+    def __delitem__(self, name):
+        del self._got[name]
+
+    def __iter__(self):
+        return iter(list(self._got) + [n for n in ELSEWHERE if n not in self._got])
+
+    def __len__(self):
+        return len(set(self._got) | set(ELSEWHERE))
+
+
+main.commands = Commands(main.commands)
 
 
 if __name__ == "__main__":
