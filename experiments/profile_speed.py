@@ -18,10 +18,12 @@ import servesim
 import servesim.api as api
 
 
-def cost_call_ns(p, calls: int = 1_000_000) -> float:
+def cost_call_ns(params, calls: int = 1_000_000) -> float:
     from numba import njit
 
+    from servesim.costmodel.fields import table
     from servesim.costmodel.iteration import iteration_components_nb
+    p = table(params)
 
     @njit
     def loop(p, n):

@@ -474,7 +474,8 @@ def speculative_summary(spec, stats) -> dict:
 
 # One small run of each set of features the kernel is compiled for (`servesim warmup`). A feature a
 # run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, and the
-# flow between events (session turns, prefill/decode transfers); one to four pools, or five to eight.
+# flow between events (session turns, prefill/decode transfers). The number of pools is not: their cost
+# tables are the rows of one array (engine/kernel.py `cost_inputs`).
 WARMUP_RUNS = {
     "one pool": dict(),
     "prefix cache": dict(num_system_prompts=2, users_per_system_prompt=5, system_prompt_len=100),
@@ -482,7 +483,6 @@ WARMUP_RUNS = {
     "prefix cache and sessions": dict(workload="sessions", cpu_kv_gib=1.0, router="prefix-aware"),
     "prefill/decode pools": dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
                                  layerwise_transfer=True),
-    "five to eight pools": dict(pool=("h100-sxm:tp1:x1",) * 5),
     "speculative decoding": dict(speculative="eagle:k=2:acceptance=0.7"),
 }
 

@@ -132,11 +132,8 @@ def pool_texts(value, option: str = "--pool") -> tuple[str, ...]:
 
 def check_deployment(specs: list[PoolSpec], option: str = "--pool") -> None:
     """The roles must make a deployment: prefill needs decode and back; mixed pools do not combine with
-    disaggregated ones (not modelled); at most `engine.kernel.MAX_POOLS` pools."""
-    from .engine.kernel import MAX_POOLS
-    if len(specs) > MAX_POOLS:
-        raise ConfigError(f"{option}: {len(specs)} pools given; the engine takes at most {MAX_POOLS}: merge pools of "
-                          "the same hardware, TP, PP and role into one with more replicas")
+    disaggregated ones (not modelled). Any number of pools: the kernel takes their cost tables as the rows
+    of one array (`engine.kernel.cost_inputs`)."""
     roles = {s.role for s in specs}
     pd = roles & {"prefill", "decode"}
     if pd and "mixed" in roles:

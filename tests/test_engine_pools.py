@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from servesim.costmodel.fields import table
 from servesim.costmodel.iteration import iteration_components_nb
 from servesim.engine import codes as C
 from servesim.engine.kernel import simulate_pools
@@ -56,7 +57,7 @@ def run(rc, cfg, pl, arrival, prompt, output, chains=None):
 def prefill_latency(rc, prompt, done=0):
     """One iteration running the whole (remaining) prompt of one request, sampling its first token."""
     c = prompt - done
-    return iteration_components_nb(rc.params, float(c), 1.0, 1.0, c * (done + (c + 1) / 2), float(done + c),
+    return iteration_components_nb(table(rc.params), float(c), 1.0, 1.0, c * (done + (c + 1) / 2), float(done + c),
                                    0.0, 0.0).latency
 
 
@@ -94,6 +95,33 @@ def test_two_mixed_pools_price_each_replica_with_its_own_params(replica_cost):
     assert out.first_token[0] == prefill_latency(a, 400)
     assert out.first_token[1] == prefill_latency(b, 400)
     assert out.pool_stats[0, 2] == prefill_latency(a, 400) and out.pool_stats[1, 2] == prefill_latency(b, 400)
+
+
+def test_nine_pools_run_the_kernel_compiled_for_one_each_priced_by_its_own_row(replica_cost):
+    """The pools' cost tables are the rows of one array, zero-padded to the longest (a pool whose per-token
+    tables stop at 300 tokens prices its 400-token prompt directly): nine pools run the loop compiled
+    for one pool (no new signature), each replica priced by its own pool's table."""
+    from servesim.engine.kernel import run_nb
+    a, b = replica_cost(1, 1), replica_cost(2, 1)
+    short = a.params._replace(tab_gemm=a.params.tab_gemm[:300], tab_elem=a.params.tab_elem[:300],
+                              tab_comm=a.params.tab_comm[:300])
+    ps = (a.params, b.params, short) * 3
+    n = len(ps)
+    u1, u2 = router_draws(n, 0)
+    one = simulate_pools(ps[:1], config(a, 1), pools([C.MIXED], [1000]), floats(0.0), ints(400), ints(1), u1[:1],
+                         u2[:1], no_chains(1))
+    signatures = lambda: len(getattr(run_nb, "signatures", ()))   # noqa: E731  (none with the JIT off)
+    compiled = signatures()
+    out = simulate_pools(ps, config(a, n, router=C.ROUND_ROBIN), pools([C.MIXED] * n, [1000] * n),
+                         floats(*([0.0] * n)), ints(*([400] * n)), ints(*([1] * n)), u1, u2, no_chains(n))
+    assert signatures() == compiled
+    assert list(out.replica) == list(range(n))
+    assert one.first_token[0] == out.first_token[0]
+    for k, p in enumerate(ps):
+        want = iteration_components_nb(table(p), 400.0, 1.0, 1.0, 400 * 401 / 2, 400.0, 0.0, 0.0).latency
+        assert out.first_token[k] == want, k
+    assert out.first_token[2] == out.first_token[0]      # the truncated tables' direct pricing is the same
+    assert out.first_token[1] != out.first_token[0]
 
 
 def sequential(n, gap=10.0):

@@ -8,6 +8,7 @@ import pytest
 from servesim.calibrate import engine_kernels as ek
 from servesim.config import load_hardware, load_model
 from servesim.config.engine import load_engine
+from servesim.costmodel.fields import table
 from servesim.costmodel.iteration import _gemm_nb
 from servesim.costmodel.params import Layout, lower
 
@@ -28,7 +29,7 @@ def test_compute_bound_fp8_gemm_not_slower_where_the_tables_say_so():
     assert len(faster) >= 50          # the tables do show fp8 ahead on many compute-bound shapes
     p16, p8 = _params("bf16"), _params("fp8")
     for (m, n, k) in faster.index:
-        assert _gemm_nb(p8, m, k, n) <= _gemm_nb(p16, m, k, n), (m, n, k)
+        assert _gemm_nb(table(p8), m, k, n) <= _gemm_nb(table(p16), m, k, n), (m, n, k)
 
 
 def test_fp8_quantisation_priced_per_activation_element():

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from clihelp import stderr_error
+from servesim.costmodel.fields import table
 import servesim
 from servesim.cli import main
 from servesim.errors import ConfigError, InfeasibleError
@@ -25,7 +26,7 @@ def _params(hardware, tp, **kw):
 
 def _interval(p, tokens, n_pf, pairs, kv_pf, n_dec, kv_dec):
     from servesim.costmodel.iteration import iteration_components_nb
-    return iteration_components_nb(p, float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
+    return iteration_components_nb(table(p), float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
                                    float(n_dec), float(kv_dec))
 
 

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from servesim.costmodel.fields import table
 import servesim.api as api
 from servesim.checks import sim_config
 from servesim.costmodel.iteration import iteration_components_nb
@@ -78,12 +79,12 @@ def run(rc, cfg, pools, arrival, prompt, output, chains=None, ps=None):
 
 def prefill_cost(p, c, ctx=0):
     """One micro-batch of one prompt chunk of c tokens over ctx cached ones that finishes the prompt."""
-    return iteration_components_nb(p, float(c), 1.0, 1.0, c * (ctx + (c + 1.0) / 2.0), float(ctx + c), 0.0, 0.0)
+    return iteration_components_nb(table(p), float(c), 1.0, 1.0, c * (ctx + (c + 1.0) / 2.0), float(ctx + c), 0.0, 0.0)
 
 
 def decode_cost(p, ctx):
     """One micro-batch of one decode whose KV holds ctx tokens."""
-    return iteration_components_nb(p, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx + 1.0)
+    return iteration_components_nb(table(p), 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx + 1.0)
 
 
 PD = [dict(role=C.PREFILL), dict(role=C.DECODE)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from servesim.costmodel.fields import table
 import servesim
 from servesim.costmodel import speculative as S
 
@@ -50,7 +51,7 @@ def test_time_shares_of_a_lone_request():
     from servesim.costmodel.iteration import iteration_components_nb
     from servesim.render import summary_table
     s, rc, step = _lone()
-    prefill = iteration_components_nb(rc.params, 1000.0, 1.0, 1.0, 1000 * 1001 / 2, 1000.0, 0.0, 0.0).latency
+    prefill = iteration_components_nb(table(rc.params), 1000.0, 1.0, 1.0, 1000 * 1001 / 2, 1000.0, 0.0, 0.0).latency
     decode = 999 / step["expected_tokens"] * step["step_s"]
     sp = s["speculative"]
     assert sp["draft_time_share"] / sp["verify_time_share"] == pytest.approx(step["draft_s"] / step["verify_s"], rel=0.02)

@@ -55,7 +55,9 @@ import math
 import numpy as np
 from numba import njit
 
+from . import fields as F
 from .collectives import all_to_all_time_nb
+from .fields import array_nb
 
 # AIConfigurator's default power-law exponents for MoE routing (aiconfigurator-core 0.12.0,
 # sdk/models/deepseek.py and the DeepSeek-derived models: ``_power_law_alpha = 1.01``; the generic
@@ -224,6 +226,13 @@ def rank_load_nb(tokens, experts, top_k, ep, grid, pairs, touched):
 
 
 @njit(cache=True)
+def rank_load_of_nb(p, tokens):
+    """`rank_load_nb` of the cost table ``p`` (costmodel/fields.py): its experts, top-k, EP and skew table."""
+    return rank_load_nb(tokens, p[F.experts], p[F.top_k], p[F.ep], array_nb(p, F.skew_grid),
+                        array_nb(p, F.skew_pairs), array_nb(p, F.skew_touched))
+
+
+@njit(cache=True)
 def alltoall_nb(nbytes, n, domain, bw_in, alpha_in, bw_out, alpha_out):
     """All-to-all of ``nbytes`` per rank (its whole send buffer) over ``n`` ranks of which ``domain``
     share a scale-up domain: the (domain - 1)/n share over NVLink and the (n - domain)/n share over
@@ -259,13 +268,13 @@ def dispatch_combine_nb(p, m, rank_pairs):
     """Dispatch + combine of one MoE layer on a DP rank with ``m`` tokens, the slowest EP rank
     receiving ``rank_pairs`` token rows: each all-to-all moves max(m k, rank pairs) rows of the
     hidden state, (1 - 1/ep) of them to other ranks (`alltoall_nb` counts the share)."""
-    if p.attn_dp <= 1.0 or p.ep <= 1.0:
+    if p[F.attn_dp] <= 1.0 or p[F.ep] <= 1.0:
         return 0.0
-    rows = max(m * p.top_k, rank_pairs)
-    t = alltoall_nb(rows * p.hidden * p.a2a_dispatch_bytes, p.ep, p.a2a_domain, p.a2a_bw, p.a2a_alpha,
-                    p.a2a_bw_out, p.a2a_alpha_out)
-    return t + alltoall_nb(rows * p.hidden * 2.0, p.ep, p.a2a_domain, p.a2a_bw, p.a2a_alpha, p.a2a_bw_out,
-                           p.a2a_alpha_out)
+    rows = max(m * p[F.top_k], rank_pairs)
+    t = alltoall_nb(rows * p[F.hidden] * p[F.a2a_dispatch_bytes], p[F.ep], p[F.a2a_domain], p[F.a2a_bw],
+                    p[F.a2a_alpha], p[F.a2a_bw_out], p[F.a2a_alpha_out])
+    return t + alltoall_nb(rows * p[F.hidden] * 2.0, p[F.ep], p[F.a2a_domain], p[F.a2a_bw], p[F.a2a_alpha],
+                           p[F.a2a_bw_out], p[F.a2a_alpha_out])
 
 
 @njit(cache=True)
@@ -273,17 +282,17 @@ def masked_pairs_time_nb(p, pairs):
     """The remote pairs an expert-map fused MoE walks anyway (``moe_ep_masked``): per pair, zeros
     written for the w1 output (2 x inter when gated) and the w2 output (hidden), the activation's read
     of the w1 output and write of its inter-wide result, the final sum's read of the w2 output."""
-    if p.ep_masked <= 0.0 or pairs <= 0.0:
+    if p[F.ep_masked] <= 0.0 or pairs <= 0.0:
         return 0.0
-    up_n = 2.0 * p.exp_inter if p.gated > 0.0 else p.exp_inter
-    nbytes = pairs * p.a_bytes * (2.0 * up_n + p.exp_inter + 2.0 * p.hidden)
-    return nbytes / (p.hbm_bw * p.g_hbm)
+    up_n = 2.0 * p[F.exp_inter] if p[F.gated] > 0.0 else p[F.exp_inter]
+    nbytes = pairs * p[F.a_bytes] * (2.0 * up_n + p[F.exp_inter] + 2.0 * p[F.hidden])
+    return nbytes / (p[F.hbm_bw] * p[F.g_hbm])
 
 
 @njit(cache=True)
 def wide_ep_nb(p):
     """Expert parallelism with DP attention: the MoE layers route every DP rank's tokens together."""
-    return p.ep > 1.0 and p.attn_dp > 1.0
+    return p[F.ep] > 1.0 and p[F.attn_dp] > 1.0
 
 
 @njit(cache=True)
@@ -306,5 +315,5 @@ def moe_parallel(model, tp: int, attn_dp: int, ep: int) -> int:
 
 __all__ = ["DEFICITS", "DEFICIT_FIRST", "DEFICIT_SPREAD", "DRAWS", "SKEW_DEEPSEEK", "SKEW_OTHER", "alltoall_link",
            "alltoall_nb", "busiest_share_nb", "default_skew", "dispatch_combine_nb", "masked_pairs_time_nb",
-           "moe_parallel", "power_law_counts_nb", "rank_load_nb", "skew_table", "skew_table_nb", "slowest_rank_nb",
-           "wide_ep_nb"]
+           "moe_parallel", "power_law_counts_nb", "rank_load_nb", "rank_load_of_nb", "skew_table", "skew_table_nb",
+           "slowest_rank_nb", "wide_ep_nb"]

@@ -30,6 +30,10 @@ are reported together as overhead.
 Everything that depends only on the (padded) token count -- every layer's GEMMs, elementwise
 kernels and all-reduces -- is tabulated per token count when the replica is lowered
 (``layer_tables_nb``), so a step reads it instead of recomputing it.
+
+Every function here takes the replica's cost parameters as one float64 array ``p``, the table of
+`fields.py` (``p[F.hidden]``, ``array_nb(p, F.attn_k)``); Python callers pack a CostParams with
+``fields.table`` once per configuration.
 """
 from __future__ import annotations
 
@@ -42,7 +46,9 @@ from .collectives import allreduce_time_nb, p2p_time_nb, reduce_scatter_time_nb
 from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_bytes_nb,
                       gemm_time_nb, mla_decode_time_nb, mla_prefill_time_nb, moe_experts_time_nb,
                       prefill_attention_time_nb, weight_only_gemm_time_nb)
-from .ep import busiest_share_nb, dispatch_combine_nb, masked_pairs_time_nb, rank_load_nb, wide_ep_nb
+from . import fields as F
+from .ep import busiest_share_nb, dispatch_combine_nb, masked_pairs_time_nb, rank_load_of_nb, wide_ep_nb
+from .fields import array_nb
 from .moe_tiles import pick_tile_nb
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 
@@ -50,18 +56,19 @@ from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIEC
 @njit(cache=True)
 def _gemm_nb(p, m, k, n):
     """One GEMM at the weight dtype (weight-only: dequantising at the 16-bit peak)."""
-    if p.g_wo > 0.0:
-        return weight_only_gemm_time_nb(m, k, n, p.w_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
-                                        p.g_splitk, p.g_tile_k, p.g_mem_latency)
-    return gemm_time_nb(m, k, n, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms, p.g_max, p.g_hbm, p.g_latency,
-                        p.g_splitk, p.g_tile_k, p.g_mem_latency) + m * k * p.g_quant   # (W8A8: quantise X)
+    if p[F.g_wo] > 0.0:
+        return weight_only_gemm_time_nb(m, k, n, p[F.w_bytes], p[F.peak], p[F.hbm_bw], p[F.sms], p[F.g_max],
+                                        p[F.g_hbm], p[F.g_latency], p[F.g_splitk], p[F.g_tile_k], p[F.g_mem_latency])
+    return gemm_time_nb(m, k, n, p[F.w_bytes], p[F.a_bytes], p[F.peak], p[F.hbm_bw], p[F.sms], p[F.g_max], p[F.g_hbm],
+                        p[F.g_latency], p[F.g_splitk], p[F.g_tile_k],
+                        p[F.g_mem_latency]) + m * k * p[F.g_quant]   # (W8A8: quantise X)
 
 
 @njit(cache=True)
 def _gemm16_nb(p, m, k, n):
     """One 16-bit GEMM (LM head, MoE router: kept unquantised, as vLLM and TensorRT-LLM do)."""
-    return gemm_time_nb(m, k, n, 2.0, 2.0, p.attn_peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g16_latency,
-                        p.g_splitk, p.g_tile_k, p.g_mem_latency)
+    return gemm_time_nb(m, k, n, 2.0, 2.0, p[F.attn_peak], p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm],
+                        p[F.g16_latency], p[F.g_splitk], p[F.g_tile_k], p[F.g_mem_latency])
 
 
 @njit(cache=True)
@@ -82,24 +89,33 @@ def expected_experts_nb(tokens, experts, top_k):
 
 
 @njit(cache=True)
+def _tile_nb(p, tokens):
+    """The fused-MoE kernel's tile for ``tokens`` (moe_tiles.pick_tile_nb over the table's tiles)."""
+    return pick_tile_nb(array_nb(p, F.moe_tile_keys), array_nb(p, F.moe_tile_m), array_nb(p, F.moe_tile_n),
+                        array_nb(p, F.moe_tile_k), tokens)
+
+
+@njit(cache=True)
 def routed_experts_nb(p, tokens):
     """The routed experts of one MoE layer on the slowest GPU for the ``tokens`` the layer routes (the
     step's tokens; with DP attention every rank's together): without EP the fused MoE over the experts
     the batch touches (uniform routing); with EP the slowest EP rank's pairs and touched experts
     (costmodel/ep.py), plus the remote pairs a masked kernel walks."""
-    if p.ep <= 1.0:
-        pairs = tokens * p.top_k
-        tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, tokens)
-        return moe_experts_time_nb(pairs, expected_experts_nb(tokens, p.experts, p.top_k), pairs, p.hidden,
-                                   p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes, p.peak, p.hbm_bw, p.sms,
-                                   p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,
-                                   tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)   # (moe_eff: of gemm_max)
-    rank, touched = rank_load_nb(tokens, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
-    walked = tokens * p.top_k if p.ep_masked > 0.0 else rank
-    tile_m, tile_n, tile_k = pick_tile_nb(p.moe_tile_keys, p.moe_tile_m, p.moe_tile_n, p.moe_tile_k, tokens)
-    t = moe_experts_time_nb(rank, touched, walked, p.hidden, p.exp_inter, p.gated > 0.0, p.w_bytes, p.a_bytes,
-                            p.peak, p.hbm_bw, p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency,
-                            p.moe_pair, tile_m, tile_n, p.moe_ridge, tile_k, p.moe_stream)
+    if p[F.ep] <= 1.0:
+        pairs = tokens * p[F.top_k]
+        tile_m, tile_n, tile_k = _tile_nb(p, tokens)
+        return moe_experts_time_nb(pairs, expected_experts_nb(tokens, p[F.experts], p[F.top_k]), pairs, p[F.hidden],
+                                   p[F.exp_inter], p[F.gated] > 0.0, p[F.w_bytes], p[F.a_bytes], p[F.peak],
+                                   p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm], p[F.g_tile_k], p[F.moe_eff],
+                                   p[F.moe_latency], p[F.moe_pair], tile_m, tile_n, p[F.moe_ridge], tile_k,
+                                   p[F.moe_stream])   # (moe_eff: of gemm_max)
+    rank, touched = rank_load_of_nb(p, tokens)
+    walked = tokens * p[F.top_k] if p[F.ep_masked] > 0.0 else rank
+    tile_m, tile_n, tile_k = _tile_nb(p, tokens)
+    t = moe_experts_time_nb(rank, touched, walked, p[F.hidden], p[F.exp_inter], p[F.gated] > 0.0, p[F.w_bytes],
+                            p[F.a_bytes], p[F.peak], p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm], p[F.g_tile_k],
+                            p[F.moe_eff], p[F.moe_latency], p[F.moe_pair], tile_m, tile_n, p[F.moe_ridge], tile_k,
+                            p[F.moe_stream])
     return t + masked_pairs_time_nb(p, walked - rank)
 
 
@@ -109,7 +125,7 @@ def alltoall_layer_nb(p, m, tokens):
     sends its ``m`` tokens, the slowest EP rank receives its pairs of the step's ``tokens``."""
     if not wide_ep_nb(p):
         return 0.0
-    rank, _ = rank_load_nb(tokens, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs, p.skew_touched)
+    rank, _ = rank_load_of_nb(p, tokens)
     return dispatch_combine_nb(p, m, rank)
 
 
@@ -119,15 +135,15 @@ def _moe_nb(p, m):
     touches; with wide EP priced per step on every rank's tokens instead, `_rank_components_nb`),
     shared experts and router."""
     t = 0.0 if wide_ep_nb(p) else routed_experts_nb(p, m)
-    t += _gemms_nb(p, m, p.sh_k, p.sh_n)
-    return t + _gemm16_nb(p, m, p.hidden, p.router_n)
+    t += _gemms_nb(p, m, array_nb(p, F.sh_k), array_nb(p, F.sh_n))
+    return t + _gemm16_nb(p, m, p[F.hidden], p[F.router_n])
 
 
 @njit(cache=True)
 def _gemms_bytes_nb(p, m, ks, ns):
     b = 0.0
     for i in range(ks.shape[0]):
-        b += gemm_bytes_nb(m, ks[i], ns[i], p.w_bytes, p.a_bytes)
+        b += gemm_bytes_nb(m, ks[i], ns[i], p[F.w_bytes], p[F.a_bytes])
     return b
 
 
@@ -141,54 +157,54 @@ def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     chunks and decodes and the queries and outputs of the step's tokens; the LM head on the sampled
     rows. Per GPU, summed over the layers of every pipeline stage, times the TP group. ``moe_tok``: the
     tokens the MoE layers route (m; with wide EP every DP rank's real tokens)."""
-    attn = _gemms_bytes_nb(p, m, p.attn_k, p.attn_n)
-    b = p.n_dense_layers * (attn + _gemms_bytes_nb(p, m, p.mlp_k, p.mlp_n))
-    if p.n_moe_layers > 0.0:
-        if p.ep > 1.0:     # the slowest EP rank's experts (every rank counted as it: an upper bound)
-            pairs, touched = rank_load_nb(moe_tok, p.experts, p.top_k, p.ep, p.skew_grid, p.skew_pairs,
-                                          p.skew_touched)
+    attn = _gemms_bytes_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
+    b = p[F.n_dense_layers] * (attn + _gemms_bytes_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
+    if p[F.n_moe_layers] > 0.0:
+        if p[F.ep] > 1.0:     # the slowest EP rank's experts (every rank counted as it: an upper bound)
+            pairs, touched = rank_load_of_nb(p, moe_tok)
             rows = pairs / touched if touched > 0.0 else 0.0
         else:
-            touched = expected_experts_nb(m, p.experts, p.top_k)
-            rows = m * p.top_k / touched
-        up_n = 2.0 * p.exp_inter if p.gated > 0.0 else p.exp_inter
-        experts = touched * (gemm_bytes_nb(rows, p.hidden, up_n, p.w_bytes, p.a_bytes)
-                             + gemm_bytes_nb(rows, p.exp_inter, p.hidden, p.w_bytes, p.a_bytes))
-        router = gemm_bytes_nb(m, p.hidden, p.router_n, 2.0, 2.0)
-        b += p.n_moe_layers * (attn + experts + _gemms_bytes_nb(p, m, p.sh_k, p.sh_n) + router)
-    n_layers = p.n_dense_layers + p.n_moe_layers
-    b += n_layers * (m * p.elem_bytes_tok_layer + p.kv_bytes_tok_layer * (kv_pf + kv_dec)
-                     + p.q_bytes_tok_layer * tokens)
-    b += gemm_bytes_nb(n_logit, p.hidden, p.vocab_gpu, 2.0, 2.0)
-    return b * p.tp
+            touched = expected_experts_nb(m, p[F.experts], p[F.top_k])
+            rows = m * p[F.top_k] / touched
+        up_n = 2.0 * p[F.exp_inter] if p[F.gated] > 0.0 else p[F.exp_inter]
+        experts = touched * (gemm_bytes_nb(rows, p[F.hidden], up_n, p[F.w_bytes], p[F.a_bytes])
+                             + gemm_bytes_nb(rows, p[F.exp_inter], p[F.hidden], p[F.w_bytes], p[F.a_bytes]))
+        router = gemm_bytes_nb(m, p[F.hidden], p[F.router_n], 2.0, 2.0)
+        shared = _gemms_bytes_nb(p, m, array_nb(p, F.sh_k), array_nb(p, F.sh_n))
+        b += p[F.n_moe_layers] * (attn + experts + shared + router)
+    n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
+    b += n_layers * (m * p[F.elem_bytes_tok_layer] + p[F.kv_bytes_tok_layer] * (kv_pf + kv_dec)
+                     + p[F.q_bytes_tok_layer] * tokens)
+    b += gemm_bytes_nb(n_logit, p[F.hidden], p[F.vocab_gpu], 2.0, 2.0)
+    return b * p[F.tp]
 
 
 @njit(cache=True)
 def allreduce_nb(p, m, graphed):
     """One all-reduce of the hidden state of m tokens over the TP group."""
-    if p.tp <= 1.0:
+    if p[F.tp] <= 1.0:
         return 0.0
-    msg = m * p.hidden * 2.0
-    if p.ar_custom > 0.0 and msg <= p.ar_max_bytes:
-        t = engine_allreduce_time_nb(msg, p.tp, p.ar_link_bw, p.ar_frac, p.ar_latency, p.ar_step)
+    msg = m * p[F.hidden] * 2.0
+    if p[F.ar_custom] > 0.0 and msg <= p[F.ar_max_bytes]:
+        t = engine_allreduce_time_nb(msg, p[F.tp], p[F.ar_link_bw], p[F.ar_frac], p[F.ar_latency], p[F.ar_step])
         if graphed:
             return t
         # eager: the GPU also copies the input into the registered buffer; the call's host time
         # (ar_eager) is the CPU's, counted with the launches in iteration_components_nb
-        return t + 2.0 * msg / (p.hbm_bw * p.g_hbm)     # (kernels.engine_allreduce_eager_time_nb's copy)
-    return p.coll_base + allreduce_time_nb(msg, p.tp, p.tp_bw, p.tp_alpha, int(p.tp_algorithm))
+        return t + 2.0 * msg / (p[F.hbm_bw] * p[F.g_hbm])     # (kernels.engine_allreduce_eager_time_nb's copy)
+    return p[F.coll_base] + allreduce_time_nb(msg, p[F.tp], p[F.tp_bw], p[F.tp_alpha], int(p[F.tp_algorithm]))
 
 
 @njit(cache=True)
 def layer_costs_nb(p, m, graphed):
     """(GEMMs, elementwise, all-reduces) of every layer of one forward over m tokens (with wide EP
     without the routed experts and the all-to-all: they see every DP rank's tokens)."""
-    g_attn = _gemms_nb(p, m, p.attn_k, p.attn_n)
-    gemm = p.n_dense_layers * (g_attn + _gemms_nb(p, m, p.mlp_k, p.mlp_n))
-    if p.n_moe_layers > 0.0:
-        gemm += p.n_moe_layers * (g_attn + _moe_nb(p, m))
-    n_layers = p.n_dense_layers + p.n_moe_layers
-    elem = n_layers * (m * p.elem_s_tok_layer + p.elem_kernels * p.elem_latency)
+    g_attn = _gemms_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
+    gemm = p[F.n_dense_layers] * (g_attn + _gemms_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
+    if p[F.n_moe_layers] > 0.0:
+        gemm += p[F.n_moe_layers] * (g_attn + _moe_nb(p, m))
+    n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
+    elem = n_layers * (m * p[F.elem_s_tok_layer] + p[F.elem_kernels] * p[F.elem_latency])
     # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
     comm = 2.0 * n_layers * allreduce_nb(p, m, graphed)
     return gemm, elem, comm
@@ -201,7 +217,7 @@ def layer_tables_nb(p, n):
     te = np.zeros(n)
     tc = np.zeros(n)
     for m in range(1, n):
-        graphed = p.graph_mode != GRAPH_NONE and m <= p.graph_max
+        graphed = p[F.graph_mode] != GRAPH_NONE and m <= p[F.graph_max]
         tg[m], te[m], tc[m] = layer_costs_nb(p, float(m), graphed)
     return tg, te, tc
 
@@ -227,12 +243,12 @@ def graph_tokens_nb(sizes, tokens):
 def launches_nb(p, n_pf, n_layers, padded):
     """Kernel launches the CPU issues for one forward: 1 for a full graph, 2 per layer (+1) for a
     piecewise graph, every kernel when eager."""
-    if padded > 0.0 and p.graph_mode != GRAPH_NONE:
-        if p.graph_mode == GRAPH_FULL or (p.graph_mode == GRAPH_FULL_AND_PIECEWISE and n_pf == 0.0):
+    if padded > 0.0 and p[F.graph_mode] != GRAPH_NONE:
+        if p[F.graph_mode] == GRAPH_FULL or (p[F.graph_mode] == GRAPH_FULL_AND_PIECEWISE and n_pf == 0.0):
             return 1.0
-        if p.graph_mode == GRAPH_PIECEWISE or p.graph_mode == GRAPH_FULL_AND_PIECEWISE:
+        if p[F.graph_mode] == GRAPH_PIECEWISE or p[F.graph_mode] == GRAPH_FULL_AND_PIECEWISE:
             return 2.0 * n_layers + 1.0
-    return n_layers * p.kernels_layer + 3.0
+    return n_layers * p[F.kernels_layer] + 3.0
 
 
 @njit(cache=True)
@@ -240,18 +256,19 @@ def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     """Attention of one layer on the real sequences: the prefill chunks (as n_pf chunks of their mean
     length after their mean cached prefix) and the decodes."""
     a = 0.0
-    if p.mla > 0.0:
+    if p[F.mla] > 0.0:
         return mla_attention_nb(p, tp_tok, n_pf, kv_pf, n_dec, kv_dec)
     if tp_tok > 0.0:
         chunk = tp_tok / n_pf
         ctx = max(kv_pf / n_pf - chunk, 0.0)
-        a += prefill_attention_time_nb(n_pf, chunk, ctx, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
-                                       p.attn_peak, p.hbm_bw, p.sms, p.attn_pf_max, p.attn_pf_hbm, p.attn_pf_block,
-                                       p.attn_pf_latency)
+        a += prefill_attention_time_nb(n_pf, chunk, ctx, p[F.heads], p[F.kv_heads], p[F.head_dim], 2.0,
+                                       p[F.kv_elem_bytes], p[F.attn_peak], p[F.hbm_bw], p[F.sms], p[F.attn_pf_max],
+                                       p[F.attn_pf_hbm], p[F.attn_pf_block], p[F.attn_pf_latency])
     if n_dec > 0.0:
-        a += decode_attention_time_nb(n_dec, kv_dec, p.heads, p.kv_heads, p.head_dim, 2.0, p.kv_elem_bytes,
-                                      p.hbm_bw, p.sms, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency,
-                                      p.attn_dec_split, p.attn_dec_split_seqs, p.attn_dec_block_bw)
+        a += decode_attention_time_nb(n_dec, kv_dec, p[F.heads], p[F.kv_heads], p[F.head_dim], 2.0,
+                                      p[F.kv_elem_bytes], p[F.hbm_bw], p[F.sms], p[F.attn_dec_hbm],
+                                      p[F.attn_dec_block], p[F.attn_dec_latency], p[F.attn_dec_split],
+                                      p[F.attn_dec_split_seqs], p[F.attn_dec_block_bw])
     return a
 
 
@@ -264,19 +281,21 @@ def mla_attention_nb(p, tp_tok, n_pf, kv_pf, n_dec, kv_dec):
     (FlashAttention MLA) query tokens down the absorbed decode path (``reorder_batch_threshold`` in
     vllm/v1/attention/backends/mla/, v0.15.1), which is where a speculative verification goes."""
     a = 0.0
-    kv_b = p.kv_elem_bytes
+    kv_b = p[F.kv_elem_bytes]
     if tp_tok > 0.0:
         chunk = tp_tok / n_pf
         ctx = max(kv_pf / n_pf - chunk, 0.0)
-        pf = mla_prefill_time_nb(n_pf, chunk, ctx, p.heads, p.head_dim, p.mla_v, (p.mla_latent + p.mla_rope) * kv_b,
-                                 p.attn_peak, p.hbm_bw, p.sms, p.attn_pf_max, p.attn_pf_hbm, p.attn_pf_block,
-                                 p.attn_pf_latency)
-        ab = mla_decode_time_nb(n_pf, chunk, kv_pf, p.heads, p.mla_latent, p.mla_rope, kv_b, p.attn_peak, p.hbm_bw,
-                                p.sms, p.attn_dec_max, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency)
+        pf = mla_prefill_time_nb(n_pf, chunk, ctx, p[F.heads], p[F.head_dim], p[F.mla_v],
+                                 (p[F.mla_latent] + p[F.mla_rope]) * kv_b, p[F.attn_peak], p[F.hbm_bw], p[F.sms],
+                                 p[F.attn_pf_max], p[F.attn_pf_hbm], p[F.attn_pf_block], p[F.attn_pf_latency])
+        ab = mla_decode_time_nb(n_pf, chunk, kv_pf, p[F.heads], p[F.mla_latent], p[F.mla_rope], kv_b, p[F.attn_peak],
+                                p[F.hbm_bw], p[F.sms], p[F.attn_dec_max], p[F.attn_dec_hbm], p[F.attn_dec_block],
+                                p[F.attn_dec_latency])
         a += min(pf, ab)
     if n_dec > 0.0:
-        a += mla_decode_time_nb(n_dec, 1.0, kv_dec, p.heads, p.mla_latent, p.mla_rope, kv_b, p.attn_peak, p.hbm_bw,
-                                p.sms, p.attn_dec_max, p.attn_dec_hbm, p.attn_dec_block, p.attn_dec_latency)
+        a += mla_decode_time_nb(n_dec, 1.0, kv_dec, p[F.heads], p[F.mla_latent], p[F.mla_rope], kv_b, p[F.attn_peak],
+                                p[F.hbm_bw], p[F.sms], p[F.attn_dec_max], p[F.attn_dec_hbm], p[F.attn_dec_block],
+                                p[F.attn_dec_latency])
     return a
 
 
@@ -298,10 +317,10 @@ def rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     """The busiest DP attention rank's aggregates: whole sequences, ceil(n_pf / D) prefill chunks of the
     mean chunk and ceil(n_dec / D) decodes (`ep.busiest_share_nb`), the sampled rows its decodes and
     its chunks' mean share of the prefills' ones. D = 1: the step itself."""
-    if p.attn_dp <= 1.0:
+    if p[F.attn_dp] <= 1.0:
         return tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec
-    r_pf = busiest_share_nb(n_pf, p.attn_dp)
-    r_dec = busiest_share_nb(n_dec, p.attn_dp)
+    r_pf = busiest_share_nb(n_pf, p[F.attn_dp])
+    r_dec = busiest_share_nb(n_dec, p[F.attn_dp])
     fp = r_pf / n_pf if n_pf > 0.0 else 0.0
     fd = r_dec / n_dec if n_dec > 0.0 else 0.0
     return (tp_tok * fp, r_pf, r_dec + max(n_logit - n_dec, 0.0) * fp, pairs * fp, kv_pf * fp, r_dec,
@@ -310,11 +329,11 @@ def rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
 
 @njit(cache=True)
 def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
-    if p.attn_dp > 1.0:
+    if p[F.attn_dp] > 1.0:
         # DP attention: the busiest rank's own sequences (rank_share_nb); its MoE layers route the
         # step's real tokens, every rank's together (wide EP); FLOPs those of the whole replica,
         # bytes every rank's counted as the busiest's (an upper bound)
-        d = p.attn_dp
+        d = p[F.attn_dp]
         a = rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
         r = _rank_components_nb(p, a[0], a[1], a[2], a[3], a[4], a[5], a[6], tp_tok + n_dec)
         return IterationCost(r.gemm, r.attention, r.elementwise, r.communication, r.overhead, r.latency, r.interval,
@@ -325,9 +344,9 @@ def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_de
 @njit(cache=True)
 def flops_nb(p, tokens, pairs, kv_dec):
     """FLOPs of a step: every active weight twice per token, attention's pairs and decode KV."""
-    n_layers = p.n_dense_layers + p.n_moe_layers
-    return 2.0 * p.active_params_gpu * p.tp * p.pp * tokens + n_layers * p.tp * (
-        pairs * p.attn_flops_pair + kv_dec * p.attn_flops_kv_decode)
+    n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
+    return 2.0 * p[F.active_params_gpu] * p[F.tp] * p[F.pp] * tokens + n_layers * p[F.tp] * (
+        pairs * p[F.attn_flops_pair] + kv_dec * p[F.attn_flops_kv_decode])
 
 
 @njit(cache=True)
@@ -339,45 +358,47 @@ def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, m
     seqs = n_pf + n_dec
     if tokens <= 0.0:
         return IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    padded = graph_tokens_nb(p.graph_sizes, tokens) if p.graph_mode != GRAPH_NONE else -1.0
+    padded = graph_tokens_nb(array_nb(p, F.graph_sizes), tokens) if p[F.graph_mode] != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
     mi = int(m)
-    if mi < p.tab_gemm.shape[0] and mi == m:
-        gemm = p.tab_gemm[mi]
-        elem = p.tab_elem[mi]
-        comm_tp = p.tab_comm[mi]
+    tab_gemm = array_nb(p, F.tab_gemm)
+    if mi < tab_gemm.shape[0] and mi == m:
+        gemm = tab_gemm[mi]
+        elem = array_nb(p, F.tab_elem)[mi]
+        comm_tp = array_nb(p, F.tab_comm)[mi]
     else:
         gemm, elem, comm_tp = layer_costs_nb(p, m, padded > 0.0)
-    if wide_ep_nb(p) and p.n_moe_layers > 0.0:
-        gemm += p.n_moe_layers * routed_experts_nb(p, moe_tok)
-        comm_tp += p.n_moe_layers * alltoall_layer_nb(p, tokens, moe_tok)
+    if wide_ep_nb(p) and p[F.n_moe_layers] > 0.0:
+        gemm += p[F.n_moe_layers] * routed_experts_nb(p, moe_tok)
+        comm_tp += p[F.n_moe_layers] * alltoall_layer_nb(p, tokens, moe_tok)
     else:
         moe_tok = m
     # LM head on the sampled rows (vocab-parallel, outside the graph) + gather of logits across TP
-    gemm += _gemm16_nb(p, n_logit, p.hidden, p.vocab_gpu)
-    if p.tp > 1.0 and n_logit > 0.0:
-        comm_tp += p.coll_base + reduce_scatter_time_nb(n_logit * p.vocab_gpu * p.tp * 4.0, p.tp, p.tp_bw, p.tp_alpha)
-    n_layers = p.n_dense_layers + p.n_moe_layers
+    gemm += _gemm16_nb(p, n_logit, p[F.hidden], p[F.vocab_gpu])
+    if p[F.tp] > 1.0 and n_logit > 0.0:
+        comm_tp += p[F.coll_base] + reduce_scatter_time_nb(n_logit * p[F.vocab_gpu] * p[F.tp] * 4.0, p[F.tp],
+                                                           p[F.tp_bw], p[F.tp_alpha])
+    n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
     attn = n_layers * attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
     send = 0.0
-    if p.pp > 1.0:
-        send = p2p_time_nb(tokens * p.hidden * 2.0, p.pp_bw, p.pp_alpha, p.pp_bw_large, p.pp_large_bytes)
+    if p[F.pp] > 1.0:
+        send = p2p_time_nb(tokens * p[F.hidden] * 2.0, p[F.pp_bw], p[F.pp_alpha], p[F.pp_bw_large], p[F.pp_large_bytes])
     body = gemm + attn + elem + comm_tp
-    cpu = launches_nb(p, n_pf, n_layers, padded) * p.launch
-    if padded <= 0.0 and p.tp > 1.0 and p.ar_custom > 0.0 and m * p.hidden * 2.0 <= p.ar_max_bytes:
-        cpu += 2.0 * n_layers * p.ar_eager    # host time of each eager call of the engine's all-reduce
-    busy = max(body, cpu) + p.step_gpu
-    host = p.overhead + p.overhead_seq * seqs
-    if p.host_overlap > 0.0:
+    cpu = launches_nb(p, n_pf, n_layers, padded) * p[F.launch]
+    if padded <= 0.0 and p[F.tp] > 1.0 and p[F.ar_custom] > 0.0 and m * p[F.hidden] * 2.0 <= p[F.ar_max_bytes]:
+        cpu += 2.0 * n_layers * p[F.ar_eager]    # host time of each eager call of the engine's all-reduce
+    busy = max(body, cpu) + p[F.step_gpu]
+    host = p[F.overhead] + p[F.overhead_seq] * seqs
+    if p[F.host_overlap] > 0.0:
         step = max(busy, host)
     else:
         step = busy + host
     overhead = step - body
-    latency = step + (p.pp - 1.0) * send
-    interval = body / p.pp + send + overhead
+    latency = step + (p[F.pp] - 1.0) * send
+    interval = body / p[F.pp] + send + overhead
     flops = flops_nb(p, tokens, pairs, kv_dec)
     nbytes = step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok)
-    return IterationCost(gemm, attn, elem, comm_tp + (p.pp - 1.0) * send, overhead, latency, interval, flops, nbytes)
+    return IterationCost(gemm, attn, elem, comm_tp + (p[F.pp] - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
 @njit(cache=True)
@@ -391,7 +412,7 @@ def iteration_time_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
 def moe_parts_nb(p, tp_tok, n_pf, n_dec):
     """(routed experts, dispatch + combine) of one step's MoE layers, seconds, inside the gemm and
     communication of `iteration_components_nb` (the same busiest rank, tokens and CUDA-graph padding)."""
-    if p.n_moe_layers <= 0.0:
+    if p[F.n_moe_layers] <= 0.0:
         return 0.0, 0.0
     a = rank_share_nb(p, tp_tok, n_pf, n_pf + n_dec, 0.0, 0.0, n_dec, 0.0)
     tokens = a[0] + a[5]
@@ -399,7 +420,7 @@ def moe_parts_nb(p, tp_tok, n_pf, n_dec):
         return 0.0, 0.0
     if wide_ep_nb(p):
         t = tp_tok + n_dec
-        return p.n_moe_layers * routed_experts_nb(p, t), p.n_moe_layers * alltoall_layer_nb(p, tokens, t)
-    padded = graph_tokens_nb(p.graph_sizes, tokens) if p.graph_mode != GRAPH_NONE else -1.0
+        return p[F.n_moe_layers] * routed_experts_nb(p, t), p[F.n_moe_layers] * alltoall_layer_nb(p, tokens, t)
+    padded = graph_tokens_nb(array_nb(p, F.graph_sizes), tokens) if p[F.graph_mode] != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
-    return p.n_moe_layers * routed_experts_nb(p, m), 0.0
+    return p[F.n_moe_layers] * routed_experts_nb(p, m), 0.0

@@ -38,6 +38,8 @@ from numba import njit
 
 from ..config.engine import SPECULATIVE_METHODS
 from ..errors import ConfigError, InfeasibleError
+from . import fields as F
+from .fields import table
 from .iteration import _gemm_nb, iteration_components_nb
 
 METHODS = SPECULATIVE_METHODS
@@ -207,7 +209,7 @@ def draft_time_nb(dp, target_dp, n, kv, k, proj):
         return 0.0
     m = n
     kvm = kv
-    if dp.attn_dp <= 1.0 and target_dp > 1.0:
+    if dp[F.attn_dp] <= 1.0 and target_dp > 1.0:
         m = float(math.ceil(n / target_dp))
         kvm = kv * m / n
     t = 0.0
@@ -215,8 +217,8 @@ def draft_time_nb(dp, target_dp, n, kv, k, proj):
         r = iteration_components_nb(dp, 0.0, 0.0, m, 0.0, 0.0, m, kvm + m * i)
         t += r.gemm + r.attention + r.elementwise + r.communication
         if proj > 0:
-            t += _gemm_nb(dp, float(math.ceil(m / dp.attn_dp)) if dp.attn_dp > 1.0 else m, 2.0 * dp.hidden,
-                          dp.hidden)   # on the busiest rank's sequences
+            t += _gemm_nb(dp, float(math.ceil(m / dp[F.attn_dp])) if dp[F.attn_dp] > 1.0 else m, 2.0 * dp[F.hidden],
+                          dp[F.hidden])   # on the busiest rank's sequences
     return t
 
 
@@ -236,11 +238,13 @@ def price_step(rc, spec: Speculative, n: int, ctx: int, draft_rc=None) -> dict:
     the plain decode step it replaces. ``draft_rc``: the lowered draft (`lower_draft`)."""
     if draft_rc is None:
         draft_rc = lower_draft(rc, spec)
-    plain = iteration_components_nb(rc.params, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
-    verify = iteration_components_nb(host_params(rc, spec), *verify_aggregates(float(n), float(ctx), spec.k)).latency
+    p = table(rc.params)
+    plain = iteration_components_nb(p, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
+    verify = iteration_components_nb(table(host_params(rc, spec)),
+                                     *verify_aggregates(float(n), float(ctx), spec.k)).latency
     draft = 0.0
     if draft_rc is not None:
-        draft = draft_time_nb(draft_rc.params, rc.params.attn_dp, float(n), float(n * (ctx + 1)), spec.k,
+        draft = draft_time_nb(table(draft_rc.params), rc.params.attn_dp, float(n), float(n * (ctx + 1)), spec.k,
                               int(spec.method in ("eagle", "mtp")))
     e = spec.expected_tokens
     return {"method": spec.method, "k": spec.k, "acceptance": spec.acceptance, "delta": spec.delta,

@@ -10,6 +10,7 @@ import math
 
 from numba import njit
 
+from ..costmodel import fields as F
 from ..costmodel.iteration import iteration_components_nb
 from ..costmodel.speculative import draft_time_nb
 from . import codes as C
@@ -446,7 +447,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     cost = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
     draft = 0.0
     if spec is not None and n_spec > 0.0 and spec.draft > 0:
-        draft = draft_time_nb(dp, p.attn_dp, n_spec, kv_spec, spec.k, spec.proj)
+        draft = draft_time_nb(dp, p[F.attn_dp], n_spec, kv_spec, spec.k, spec.proj)
     latency = cost.latency + swap_s + draft
     interval = cost.interval + swap_s + draft
     if spec is not None and n_spec > 0.0:

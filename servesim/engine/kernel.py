@@ -21,6 +21,7 @@ import os
 import numpy as np
 from numba import njit
 
+from ..costmodel.fields import tables
 from . import codes as C
 from .events import arrive_nb, complete_nb, schedule_nb, transfer_nb
 from .flow import heap_pop_nb
@@ -36,21 +37,18 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
 )
 
 
-MAX_POOLS = 8
-
-
-def padded(ps: tuple) -> tuple:
-    """The pools' CostParams padded (with the first pool's) to 4 or 8, so that the kernel compiles
-    once for up to 4 pools (its signature holds the tuple's length) instead of once per count."""
-    if not 1 <= len(ps) <= MAX_POOLS:
-        raise ValueError(f"{len(ps)} pools: the kernel takes 1 to {MAX_POOLS}")
-    size = 4 if len(ps) <= 4 else MAX_POOLS
-    return tuple(ps) + (ps[0],) * (size - len(ps))
+def cost_inputs(ps) -> tuple:
+    """(cost tables, swap) of the pools' CostParams ``ps``: the tables as the rows of one 2-D array
+    (`costmodel.fields.tables`; row k is pool k's, so the kernel's signature does not depend on the
+    number of pools) and per pool the PCIe path (s, B/s) and whether the engine schedules
+    asynchronously (schedule.py)."""
+    swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
+    return tables(ps), swap
 
 
 def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None):
-    """Run the kernel: ``ps`` one CostParams per pool (padded, `padded`); ``pools``, ``chains``: see
-    engine/POOLS.md. The state is allocated here, in NumPy, and `run_nb` runs the loop over it."""
+    """Run the kernel: ``ps`` one CostParams per pool; ``pools``, ``chains``: see engine/POOLS.md.
+    The state is allocated here, in NumPy, and `run_nb` runs the loop over it."""
     n = prompt.shape[0]
     rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
     ctr = new_counters(cfg, n)
@@ -75,16 +73,16 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
-    # per pool: the PCIe path (s, B/s) and whether the engine schedules asynchronously (schedule.py)
-    swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
+    tabs, swap = cost_inputs(ps)
     # speculative decoding (``spec``, a state.Spec; ``dps`` the pools' draft CostParams, or the pools' own
     # where nothing drafts on the GPU): None otherwise, and pruned
+    dtabs = None
     if spec is not None:
         spec = spec._replace(steps=np.zeros(n, np.int64))
-        dps = padded(tuple(dps if dps is not None else ps))
+        dtabs = tables(dps) if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
-    now, _ = run_nb(padded(tuple(ps)), swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
-                    ctr, pool_stats, prefix, gap_hist, spec, dps, sp, 0.0, INF)
+    now, _ = run_nb(tabs, swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
+                    ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, 0.0, INF)
     end_run_nb(cfg, rq, rp, sp, pool_stats, now)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,
                          prefix)._replace(span_iterations=int(sp.count[0]))
@@ -128,7 +126,8 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
            now, until):
     """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
     event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
-    the state as it was, so that a later call with the same state continues exactly; `end_run_nb` ends it."""
+    the state as it was, so that a later call with the same state continues exactly; `end_run_nb` ends it.
+    ``ps``, ``dps``: the pools' cost tables and their drafts' (`cost_inputs`; row k pool k's)."""
     n = rq.prompt.shape[0]
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from . import codes as C
-from .kernel import RUN_CUT, end_run_nb, padded, run_nb, run_totals
+from .kernel import RUN_CUT, cost_inputs, end_run_nb, run_nb, run_totals
 from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, new_counters, new_log, new_replicas, new_requests,
@@ -76,8 +76,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     if cfg.concurrency > 0 or np.any(pools.role != C.MIXED):      # (no chains: the prefix cache stays out)
         raise ValueError("run_stream runs the plain feature set (mixed pools, open loop, no chains)")
     max_window = MAX_WINDOW if max_window is None else max_window
-    ps = padded(tuple(ps))
-    swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
+    tabs, swap = cost_inputs(ps)
     rp = new_replicas(cfg, pools)
     ctr = new_counters(cfg, 0)
     log = new_log(cfg.log_size)
@@ -100,7 +99,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        now, why = run_nb(ps, swap, cfg, pools, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
+        now, why = run_nb(tabs, swap, cfg, pools, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
                           pool_stats, prefix, gap_hist, None, None, sp, now, until)
         n_chunks += 1
         cut = why == RUN_CUT

@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..costmodel.fields import table
 from ..errors import ConfigError, InfeasibleError
 from .common import LATENCY_SLACK, _lengths, _metrics, _quantile, _sim, borrowed_row, fit_columns
 
@@ -61,9 +62,10 @@ def _replica(layout: dict, base):
     return cfg, hw, replica_of(cfg, model, hw)
 
 
-def _iteration(params, tokens, n_pf, pairs, kv_pf, n_dec, kv_dec):
+def _iteration(p, tokens, n_pf, pairs, kv_pf, n_dec, kv_dec):
+    """One step on the cost table ``p`` (costmodel/fields.py)."""
     from ..costmodel.iteration import iteration_components_nb
-    return iteration_components_nb(params, float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs),
+    return iteration_components_nb(p, float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs),
                                    float(kv_pf), float(n_dec), float(kv_dec))
 
 
@@ -92,7 +94,7 @@ def role_bounds(layout: dict, role: str, base, prompt, output, rate: float, slo:
         cfg, hw, rc = _replica(layout, base)
     except (InfeasibleError, ConfigError) as e:
         return {"status": "infeasible", "reason": str(e)}
-    p = rc.params
+    p = table(rc.params)     # packed once for every step priced below
     isl, osl = float(prompt.mean()), float(max(output.mean(), 1.0))
     kv_cap = float(rc.memory.kv_capacity_tokens)
     out = {"status": "ok", "reason": "", "gpus_per_replica": rc.num_gpus, "usd_per_gpu_hour": hw.usd_per_hour,

@@ -71,6 +71,7 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
     from ..api import replica_of, resolve
     from ..config import load_hardware
     from ..costmodel.dtypes import check_dtype
+    from ..costmodel.fields import table
     from ..costmodel.iteration import iteration_components_nb
     if layout.get("dtype", "auto") != "auto":   # a dtype the chip cannot run is a layout to skip, not an error
         try:
@@ -83,7 +84,7 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
         rc = replica_of(cfg, model, hw)
     except InfeasibleError as e:
         return {"status": "infeasible", "reason": str(e)}
-    p = rc.params
+    p = table(rc.params)     # packed once for every step priced below
 
     def t(tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec, interval=True):
         r = iteration_components_nb(p, float(tp_tok), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),

@@ -113,6 +113,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..costmodel.fields import table
 from ..costmodel.iteration import iteration_components_nb
 from ..costmodel.speculative import draft_time_nb
 from ..engine import codes as C
@@ -351,6 +352,9 @@ class ReferenceSimulator:
         # verifies spec.k drafts and yields spec.yields[spec.start[i] + j] tokens
         self.spec = spec
         self.dps = tuple(dps) if dps is not None else self.ps
+        # the cost tables the jitted step cost takes (costmodel/fields.py), packed once per pool
+        self.tabs = [table(p) for p in self.ps]
+        self.dtabs = [table(p) for p in self.dps]
         self.cfg = cfg
         self.pools = pools
         self.u1 = np.asarray(u1, dtype=np.float64)
@@ -999,10 +1003,10 @@ class ReferenceSimulator:
             n_dec += rep.pad_seqs
             kv_dec += rep.pad_kv
             n_logit += rep.pad_seqs
-        cost = iteration_components_nb(self.ps[rep.pool], tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+        cost = iteration_components_nb(self.tabs[rep.pool], tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
         draft = 0.0
         if self.spec is not None and n_spec > 0 and self.spec.draft:
-            draft = draft_time_nb(self.dps[rep.pool], self.ps[rep.pool].attn_dp, n_spec, kv_spec, self.spec.k,
+            draft = draft_time_nb(self.dtabs[rep.pool], self.ps[rep.pool].attn_dp, n_spec, kv_spec, self.spec.k,
                                   self.spec.proj)
         latency = cost.latency + step.swap_s + draft
         interval = cost.interval + step.swap_s + draft
