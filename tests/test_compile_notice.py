@@ -45,7 +45,7 @@ def _warmup_lines():
 
 def test_warmup_runs_each_feature_set_and_reports_its_time(monkeypatch):
     import servesim.api
-    runs = dict(list(servesim.api.WARMUP_RUNS.items())[:1])     # (compiled already; all six: the slow test)
+    runs = dict(list(servesim.api.WARMUP_RUNS.items())[:1])     # (compiled already; all of them: the slow test)
     monkeypatch.setattr(servesim.api, "WARMUP_RUNS", runs)
     lines = _warmup_lines()
     assert [ln.split(":")[0] for ln in lines] == list(runs)
