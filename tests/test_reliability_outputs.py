@@ -207,9 +207,10 @@ def test_a_signal_held_while_the_folder_is_created_leaves_nothing(tmp_path, monk
 
     monkeypatch.setattr(atomic, "_signals_blocked", held_signal_arrives_at_the_end)
     out = tmp_path / "a" / "new"
-    with pytest.raises(atomic.Terminated):
+    with pytest.raises(atomic.Terminated) as e:
         OutputDir(out, "-o", "servesim simulate")
     assert not out.exists() and not (tmp_path / "a").exists()
+    assert e.value.servesim_notes == [f"nothing written to {out}"]     # the CLI's message says so
 
 
 def test_signal_before_any_output_leaves_nothing(tmp_path):

@@ -125,9 +125,10 @@ def check_output_dir(path, option: str = "-o", create: bool = True) -> tuple[Pat
         for q in reversed(made):
             _remove_empty(q)
         raise ConfigError(f"{option} {text}: cannot write there ({_why(e)}); name a folder you can write") from None
-    except (KeyboardInterrupt, Terminated):     # a signal held while creating arrives as the block ends
+    except (KeyboardInterrupt, Terminated) as exc:     # a signal held while creating arrives as the block ends
         for q in reversed(made):
             _remove_empty(q)
+        add_note(exc, f"nothing written to {p}" if created else f"the previous contents of {p} are untouched")
         raise
     return p, created
 
