@@ -1,4 +1,5 @@
-"""One timed simulation for side-by-side speed runs (farm-bench A/B against another checkout).
+"""One timed simulation for side-by-side speed runs: whole processes timed alternately against
+another checkout (e.g. with /usr/bin/time -v).
 
     python experiments/bench_pair.py [--requests 1000000] [--no-fast-forward] [--prefix]
 
