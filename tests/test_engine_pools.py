@@ -122,6 +122,9 @@ def test_nine_pools_run_the_kernel_compiled_for_one_each_priced_by_its_own_row(r
         assert out.first_token[k] == want, k
     assert out.first_token[2] == out.first_token[0]      # the truncated tables' direct pricing is the same
     assert out.first_token[1] != out.first_token[0]
+    with pytest.raises(ValueError, match="8 cost params for 9 pools; give one per pool"):
+        simulate_pools(ps[:8], config(a, n), pools([C.MIXED] * n, [1000] * n), floats(*([0.0] * n)),
+                       ints(*([400] * n)), ints(*([1] * n)), u1, u2, no_chains(n))
 
 
 def sequential(n, gap=10.0):

@@ -37,11 +37,13 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
 )
 
 
-def cost_inputs(ps) -> tuple:
-    """(cost tables, swap) of the pools' CostParams ``ps``: the tables as the rows of one 2-D array
-    (`costmodel.fields.tables`; row k is pool k's, so the kernel's signature does not depend on the
-    number of pools) and per pool the PCIe path (s, B/s) and whether the engine schedules
-    asynchronously (schedule.py)."""
+def cost_inputs(ps, pools) -> tuple:
+    """(cost tables, swap) of the pools' CostParams ``ps``, one per pool of ``pools``: the tables as the
+    rows of one 2-D array (`costmodel.fields.tables`; row k is pool k's, so the kernel's signature does
+    not depend on the number of pools) and per pool the PCIe path (s, B/s) and whether the engine
+    schedules asynchronously (schedule.py)."""
+    if len(ps) != pools.role.shape[0]:      # the kernel reads row rp.pool[r] unchecked
+        raise ValueError(f"{len(ps)} cost params for {pools.role.shape[0]} pools; give one per pool")
     swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
     return tables(ps), swap
 
@@ -73,13 +75,13 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
-    tabs, swap = cost_inputs(ps)
+    tabs, swap = cost_inputs(ps, pools)
     # speculative decoding (``spec``, a state.Spec; ``dps`` the pools' draft CostParams, or the pools' own
     # where nothing drafts on the GPU): None otherwise, and pruned
     dtabs = None
     if spec is not None:
         spec = spec._replace(steps=np.zeros(n, np.int64))
-        dtabs = tables(dps) if dps is not None else tabs
+        dtabs = cost_inputs(dps, pools)[0] if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
     now, _ = run_nb(tabs, swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
                     ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, 0.0, INF)

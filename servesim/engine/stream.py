@@ -76,7 +76,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     if cfg.concurrency > 0 or np.any(pools.role != C.MIXED):      # (no chains: the prefix cache stays out)
         raise ValueError("run_stream runs the plain feature set (mixed pools, open loop, no chains)")
     max_window = MAX_WINDOW if max_window is None else max_window
-    tabs, swap = cost_inputs(ps)
+    tabs, swap = cost_inputs(ps, pools)
     rp = new_replicas(cfg, pools)
     ctr = new_counters(cfg, 0)
     log = new_log(cfg.log_size)
