@@ -49,7 +49,7 @@ def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
 @njit(**HANDLER)
 def wake_nb(pools, rp, r, at):
     """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free."""
-    if rp.n_in_flight[r] < pools.pp[rp.pool[r]]:
+    if rp.row.n_in_flight[r] < pools.pp[rp.row.pool[r]]:
         set_time_nb(rp.wake_at, rp.wake_tree, r, at)
 
 
@@ -60,22 +60,22 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
     computed, generated, prompt = rq.computed, rq.generated, rq.prompt
     last_token, max_gap, in_flight = rq.last_token, rq.max_gap, rq.in_flight
     slot_req, slot_chunk = rp.slot_req, rp.slot_chunk
-    pl = rp.pool[r]
+    pl = rp.row.pool[r]
     k = r * cfg.pp + s
     set_time_nb(rp.slot_end, rp.slot_tree, k, INF)
-    rp.n_in_flight[r] -= 1
-    if rp.n_in_flight[r] == 0:
-        stats[pl, STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
+    rp.row.n_in_flight[r] -= 1
+    if rp.row.n_in_flight[r] == 0:
+        stats[pl, STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
     prefill_pool = pools.role[pl] == C.PREFILL
     freed = False
     cached_gap = -1.0
     cached_bin = 0
     lo = 0
-    in_span = spec is None and sp.active[r] == 1
+    in_span = spec is None and sp.row.active[r] == 1
     if in_span:                     # an iteration of a decode span (span.py): its members untouched,
-        lo = sp.n[r]                # but those it ends; then its other members as below
+        lo = sp.row.n[r]                # but those it ends; then its other members as below
         span_complete_nb(cfg, sp, gap_hist, r, now)
-        if sp.done[r] == sp.fin[r]:
+        if sp.row.done[r] == sp.row.fin[r]:
             span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now)
             freed = True
     for j in range(lo, rp.slot_n[k]):
@@ -92,7 +92,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
         if computed[i] != prompt[i] + generated[i]:
             continue                # a prefill chunk that does not finish the prompt
         if flow is not None and prefill_pool and generated[i] == 0 and rq.output[i] > 1:
-            drop_running_nb(rp.running, rp.n_running, r, i)
+            drop_running_nb(rp.running, rp.row.n_running, r, i)
             rq.status[i] = C.TRANSFER
             rq.pf_replica[i] = r
             to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, now - rp.slot_start[k], now)
@@ -114,36 +114,36 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
                     gap_hist[0] += new - 1
         last_token[i] = now
         if generated[i] >= rq.output[i]:
-            rp.load[r] -= 1
+            rp.row.load[r] -= 1
             if cfg.policy == C.STATIC:
-                rp.pad_seqs[r] += 1
-                rp.pad_kv[r] += computed[i]
+                rp.row.pad_seqs[r] += 1
+                rp.row.pad_kv[r] += computed[i]
             release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
             rq.blocks[i] = 0
             freed = True
-            drop_running_nb(rp.running, rp.n_running, r, i)
+            drop_running_nb(rp.running, rp.row.n_running, r, i)
             end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
     rp.slot_n[k] = 0
-    if in_span and sp.active[r] == 1:
+    if in_span and sp.row.active[r] == 1:
         span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now)
-    if rp.n_running[r] == 0 and cfg.policy == C.STATIC:
-        rp.pad_seqs[r] = 0
-        rp.pad_kv[r] = 0
-    wake_nb(pools, rp, r, max(rp.next_free[r], now))
+    if rp.row.n_running[r] == 0 and cfg.policy == C.STATIC:
+        rp.row.pad_seqs[r] = 0
+        rp.row.pad_kv[r] = 0
+    wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
     if flow is not None and freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
         retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
 
 
 @njit(**HANDLER)
 def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
-    """The span's completion `sp.fin` gives members their last token: in running order, each leaves the
+    """The span's completion `sp.row.fin` gives members their last token: in running order, each leaves the
     span (`span.leave_nb`) and ends as in `complete_nb`; the running list closes up (as
     `drop_running_nb` would), the span's positions with it; the span's next ending completion."""
-    c = sp.done[r]
+    c = sp.row.done[r]
     run = rp.running
     k = r * cfg.pp
-    n = sp.n[r]
-    nr = rp.n_running[r]
+    n = sp.row.n[r]
+    nr = rp.row.n_running[r]
     fin = 1 << 62
     q = 0
     for pos in range(nr):
@@ -153,7 +153,7 @@ def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
             m0 = sp.e_start[r, e]
             if rq.generated[i] + c - m0 >= rq.output[i]:
                 leave_nb(cfg, rq, sp, r, i, e)
-                rp.load[r] -= 1
+                rp.row.load[r] -= 1
                 release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
                 rq.blocks[i] = 0
                 end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
@@ -165,11 +165,11 @@ def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
             rp.slot_req[k, q] = i
         run[r, q] = i
         q += 1
-    rp.n_running[r] = q
-    sp.n[r] = n - (nr - q)
-    sp.fin[r] = fin
-    if sp.n[r] == 0:
-        sp.active[r] = 0
+    rp.row.n_running[r] = q
+    sp.row.n[r] = n - (nr - q)
+    sp.row.fin[r] = fin
+    if sp.row.n[r] == 0:
+        sp.row.active[r] = 0
 
 
 @njit(**HANDLER)
@@ -182,7 +182,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         return lst[routed % m]
     if cfg.router == C.RANDOM:
         return lst[min(int(rq.u1[i] * m), m - 1)]
-    load, weight, pool = rp.load, pools.weight, rp.pool
+    load, weight, pool = rp.row.load, pools.weight, rp.row.pool
     if cfg.router == C.POWER_OF_TWO:
         ja = min(int(rq.u1[i] * m), m - 1)
         jb = min(int(rq.u2[i] * (m - 1)), m - 2)
@@ -195,7 +195,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         if lb < la or (lb == la and b < a):
             return b
         return a
-    free, nblk = rp.free_blocks, pools.num_blocks
+    free, nblk = rp.row.free_blocks, pools.num_blocks
     best = lst[0]
     best_h = -1
     if cache is not None and prefix_aware:
@@ -228,9 +228,9 @@ def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
 @njit(**HANDLER)
 def fits_nb(pools, rp, d, need, whole):
     """Decode replica d can take a reservation of `need` blocks now, and its pool a request of `whole`."""
-    k = rp.pool[d]
+    k = rp.row.pool[d]
     wm = pools.watermark_blocks[k]
-    return whole <= pools.num_blocks[k] - wm and rp.free_blocks[d] - need >= wm
+    return whole <= pools.num_blocks[k] - wm and rp.row.free_blocks[d] - need >= wm
 
 
 @njit(**HANDLER)
@@ -264,13 +264,13 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_pref
         return False
     ctr[ROUTED_D] += 1
     take_nb(cfg, pools, rp, cache, ctr, prefix, found, need)
-    rp.load[found] += 1
+    rp.row.load[found] += 1
     rq.src_blocks[i] = rq.blocks[i]
     rq.blocks[i] = need
     rq.replica[i] = found
     rq.reg_done[i] = True
-    P = rp.pool[rq.pf_replica[i]]
-    D = rp.pool[found]
+    P = rp.row.pool[rq.pf_replica[i]]
+    D = rp.row.pool[found]
     g = pools.kv_gpus[P] if pools.kv_gpus[P] < pools.kv_gpus[D] else pools.kv_gpus[D]
     nbytes = rq.prompt[i] * pools.kv_bytes_total[P] / g
     if cfg.layerwise and t_prefill >= 0.0:
@@ -305,28 +305,28 @@ def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
     src = rq.pf_replica[i]
     release_nb(cfg, rq, rp, cache, chains, ctr, src, i, rq.src_blocks[i])
     rq.src_blocks[i] = 0
-    rp.load[src] -= 1
-    wake_nb(pools, rp, src, max(rp.next_free[src], now))
+    rp.row.load[src] -= 1
+    wake_nb(pools, rp, src, max(rp.row.next_free[src], now))
     d = rq.replica[i]
     rq.generated[i] = 1
     rq.first_token[i] = now
     rq.last_token[i] = now
     if rq.generated[i] >= rq.output[i]:     # (output 1 never transfers)
         return
-    if rp.n_running[d] < cfg.max_num_seqs:
+    if rp.row.n_running[d] < cfg.max_num_seqs:
         rq.status[i] = C.RUNNING
-        rp.running[d, rp.n_running[d]] = i
-        rp.n_running[d] += 1
+        rp.running[d, rp.row.n_running[d]] = i
+        rp.row.n_running[d] += 1
     else:       # at the front: a preempted request must not wait behind the blocks it holds
         rq.status[i] = C.WAITING
-        push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, d, i)
-    wake_nb(pools, rp, d, max(rp.next_free[d], now))
+        push_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, d, i)
+    wake_nb(pools, rp, d, max(rp.row.next_free[d], now))
 
 
 @njit(**HANDLER)
 def rejects_nb(cfg, pools, rp, rq, r, i):
     """Request i can never fit on entry replica r (or, PD, on any decode replica)."""
-    k = rp.pool[r]
+    k = rp.row.pool[r]
     cap = pools.num_blocks[k] - pools.watermark_blocks[k]
     if pools.role[k] != C.PREFILL:
         return blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) > cap
@@ -351,9 +351,9 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
         end_nb(cfg, chains, rq, flow, ctr, i, C.REJECTED, now)
         return
     rq.status[i] = C.WAITING
-    push_back_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, i)
-    rp.load[r] += 1
-    wake_nb(pools, rp, r, max(rp.next_free[r], now))
+    push_back_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r, i)
+    rp.row.load[r] += 1
+    wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
 
 
 @njit(inline="always", **HANDLER)
@@ -361,15 +361,15 @@ def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, p
     """A scheduling decision on replica r: form one micro-batch and launch it (the next iteration of a
     decode span, span.py, when it can be one)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
-    pl = rp.pool[r]
+    pl = rp.row.pool[r]
     before = stats[pl, STAT_PREEMPTIONS]
     kv_span = -1
     if spec is None and cfg.fast_forward and cfg.policy != C.STATIC:
         kv_span = span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r)
     if kv_span >= 0:
-        nb = sp.n[r]
+        nb = sp.row.n[r]
         swap_s = 0.0
-        if rp.n_waiting[r] > 0:     # admissions after the span's members, one token of the budget each
+        if rp.row.n_waiting[r] > 0:     # admissions after the span's members, one token of the budget each
             nb, swap_s = admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb,
                                   cfg.max_batched_tokens - nb, swap_s)
     elif cfg.policy == C.STATIC:
@@ -382,7 +382,7 @@ def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, p
             launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1, 0)
         else:
             launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl], kv_span,
-                      sp.n[r])
+                      sp.row.n[r])
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
@@ -395,7 +395,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
     ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
     KV sums to it, and they are already in the slot."""
-    pl = rp.pool[r]
+    pl = rp.row.pool[r]
     PP = pools.pp[pl]
     base = r * cfg.pp
     computed, generated, prompt, b_req, b_chunk = rq.computed, rq.generated, rq.prompt, step.req, step.chunk
@@ -440,10 +440,10 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
             kv_pf += computed[i] + c
         if c == pend:
             n_logit += 1.0
-    if cfg.policy == C.STATIC and rp.pad_seqs[r] > 0:
-        n_dec += rp.pad_seqs[r]
-        kv_dec += rp.pad_kv[r]
-        n_logit += rp.pad_seqs[r]
+    if cfg.policy == C.STATIC and rp.row.pad_seqs[r] > 0:
+        n_dec += rp.row.pad_seqs[r]
+        kv_dec += rp.row.pad_kv[r]
+        n_logit += rp.row.pad_seqs[r]
     cost = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
     draft = 0.0
     if spec is not None and n_spec > 0.0 and spec.draft > 0:
@@ -462,8 +462,8 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
         if slot_end[base + s] == INF:
             k = base + s
             break
-    if rp.n_in_flight[r] == 0:
-        rp.inflight_since[r] = now
+    if rp.row.n_in_flight[r] == 0:
+        rp.row.inflight_since[r] = now
     if PP == 1:
         t_out = now + latency
     else:
@@ -486,11 +486,11 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
         slot_req[k, j] = b_req[j]
         slot_chunk[k, j] = b_chunk[j]
         in_flight[b_req[j]] = True
-    rp.n_in_flight[r] += 1
-    rp.next_free[r] = now + interval
-    wake_nb(pools, rp, r, rp.next_free[r])
+    rp.row.n_in_flight[r] += 1
+    rp.row.next_free[r] = now + interval
+    wake_nb(pools, rp, r, rp.row.next_free[r])
 
-    kv_in_use = pools.num_blocks[pl] - rp.free_blocks[r]
+    kv_in_use = pools.num_blocks[pl] - rp.row.free_blocks[r]
     ctr[ITERATIONS] += 1
     stats[pl, STAT_ITERATIONS] += 1
     stats[pl, STAT_BUSY] += interval
@@ -507,7 +507,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     stats[pl, STAT_ELEM] += cost.elementwise
     stats[pl, STAT_COMM] += cost.communication
     stats[pl, STAT_OVERHEAD] += cost.overhead
-    log_iteration_nb(log, ctr, now, r, nb, int(tp_tok + n_dec), kv_in_use, rp.n_waiting[r])
+    log_iteration_nb(log, ctr, now, r, nb, int(tp_tok + n_dec), kv_in_use, rp.row.n_waiting[r])
 
 
 @njit(**HANDLER)

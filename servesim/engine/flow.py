@@ -71,15 +71,15 @@ def heap_pop_nb(flow, ctr):
 @njit(**HANDLER)
 def link_nb(pools, rp, rq, i):
     """(bandwidth, latency) of request i's transfer: from its prefill replica's pool to its decode one's."""
-    a = rp.pool[rq.pf_replica[i]]
-    b = rp.pool[rq.replica[i]]
+    a = rp.row.pool[rq.pf_replica[i]]
+    b = rp.row.pool[rq.replica[i]]
     return pools.link_bw[a, b], pools.link_alpha[a, b]
 
 
 @njit(**HANDLER)
 def advance_nb(pools, rq, rp, flow, ctr, src, now):
     """Bring the bytes left of every transfer out of replica src up to now (before its count changes)."""
-    n = rp.n_xfer[src]
+    n = rp.row.n_xfer[src]
     if n == 0:
         return
     for k in range(ctr[N_ACTIVE]):
@@ -94,7 +94,7 @@ def advance_nb(pools, rq, rp, flow, ctr, src, now):
 @njit(**HANDLER)
 def reprice_nb(pools, rq, rp, flow, ctr, src, now):
     """The next event of every transfer out of src at its (new) share of the link; then the first of all."""
-    n = rp.n_xfer[src]
+    n = rp.row.n_xfer[src]
     for k in range(ctr[N_ACTIVE]):
         i = flow.active[k]
         if rq.pf_replica[i] == src and math.isnan(rq.xfer_end[i]):
@@ -119,7 +119,7 @@ def first_transfer_nb(rq, flow, ctr):
 def start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now):
     src = rq.pf_replica[i]
     advance_nb(pools, rq, rp, flow, ctr, src, now)
-    rp.n_xfer[src] += 1
+    rp.row.n_xfer[src] += 1
     flow.active[ctr[N_ACTIVE]] = i
     ctr[N_ACTIVE] += 1
     rq.xfer_start[i] = now
@@ -134,7 +134,7 @@ def start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now):
 def leave_link_nb(pools, rq, rp, i, src, now):
     """Transfer i has no byte left: it leaves src's link and ends after the link's latency."""
     rq.xfer_left[i] = 0.0
-    rp.n_xfer[src] -= 1
+    rp.row.n_xfer[src] -= 1
     bw, alpha = link_nb(pools, rp, rq, i)
     rq.xfer_ev[i] = now + alpha
     rq.xfer_end[i] = rq.xfer_ev[i]

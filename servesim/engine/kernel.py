@@ -169,9 +169,9 @@ def end_run_nb(cfg, rq, rp, sp, stats, now):
     """End the run at ``now`` (the last event's time): a decode span's requests brought up to date, each
     replica's span with work in flight closed, every pool's end time set."""
     for r in range(cfg.replicas):
-        if sp.active[r]:    # the clock stopped in a decode span: its requests brought up to date
+        if sp.row.active[r]:    # the clock stopped in a decode span: its requests brought up to date
             span_end_nb(cfg, rq, rp, sp, r)
-        if rp.n_in_flight[r] > 0:
-            stats[rp.pool[r], STAT_INFLIGHT_TIME] += now - rp.inflight_since[r]
+        if rp.row.n_in_flight[r] > 0:
+            stats[rp.row.pool[r], STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
     for k in range(stats.shape[0]):
         stats[k, STAT_END_TIME] = now

@@ -131,37 +131,37 @@ def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
     """Take n free blocks: never-used ones first, then from the LRU head (least recently freed):
     a run of freed private blocks gives its blocks, an entry is evicted (to the CPU tier when the
     pool has one)."""
-    rp.free_blocks[r] -= n
-    k = n if rp.empty[r] >= n else rp.empty[r]
-    rp.empty[r] -= k
+    rp.row.free_blocks[r] -= n
+    k = n if rp.row.empty[r] >= n else rp.row.empty[r]
+    rp.row.empty[r] -= k
     if cache is None:       # no prefix cache: every free block is empty (k == n)
         return
-    cpu = pools.cpu_blocks[rp.pool[r]]
+    cpu = pools.cpu_blocks[rp.row.pool[r]]
     m = n - k
     while m > 0:
-        e = rp.lru_head[r]
+        e = rp.row.lru_head[r]
         if cache.tier[e] == RUN:
             t = m if cache.block[e] > m else cache.block[e]
             cache.block[e] -= t
             m -= t
             if cache.block[e] == 0:
-                lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+                lru_remove_nb(cache, rp.row.lru_head, rp.row.lru_tail, r, e)
                 cache.free_stack[ctr[ENTRIES_FREE]] = e
                 ctr[ENTRIES_FREE] += 1
             continue
         m -= 1
-        lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+        lru_remove_nb(cache, rp.row.lru_head, rp.row.lru_tail, r, e)
         prefix[C.GPU_EVICTIONS] += 1.0
         if cpu > 0:
-            if rp.cpu_used[r] == cpu:
-                d = rp.cpu_head[r]
-                lru_remove_nb(cache, rp.cpu_head, rp.cpu_tail, r, d)
+            if rp.row.cpu_used[r] == cpu:
+                d = rp.row.cpu_head[r]
+                lru_remove_nb(cache, rp.row.cpu_head, rp.row.cpu_tail, r, d)
                 drop_entry_nb(cfg, cache, ctr, d)
-                rp.cpu_used[r] -= 1
+                rp.row.cpu_used[r] -= 1
                 prefix[C.CPU_EVICTIONS] += 1.0
             cache.tier[e] = 1
-            lru_append_nb(cache, rp.cpu_head, rp.cpu_tail, r, e)
-            rp.cpu_used[r] += 1
+            lru_append_nb(cache, rp.row.cpu_head, rp.row.cpu_tail, r, e)
+            rp.row.cpu_used[r] += 1
         else:
             drop_entry_nb(cfg, cache, ctr, e)
 
@@ -171,9 +171,9 @@ def release_nb(cfg, rq, rp, cache, chains, ctr, r, i, held):
     """Request i gives back the `held` blocks it has on replica r, last to first, to the LRU tail:
     first its private blocks (one run), then its referenced entries (those reaching refcount 0)."""
     n = held - rq.n_ref[i]
-    rp.free_blocks[r] += n
+    rp.row.free_blocks[r] += n
     if cache is None:       # no prefix cache: no entries (n_ref == 0), no list
-        rp.empty[r] += n
+        rp.row.empty[r] += n
         return
     if n > 0:               # one run, not in the table
         ctr[ENTRIES_FREE] -= 1
@@ -182,14 +182,14 @@ def release_nb(cfg, rq, rp, cache, chains, ctr, r, i, held):
         cache.rep[e] = r
         cache.ref[e] = 0
         cache.tier[e] = RUN
-        lru_append_nb(cache, rp.lru_head, rp.lru_tail, r, e)
+        lru_append_nb(cache, rp.row.lru_head, rp.row.lru_tail, r, e)
     base = chains.start[i]
     for j in range(rq.n_ref[i] - 1, -1, -1):
         e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)
         cache.ref[e] -= 1
         if cache.ref[e] == 0:
-            lru_append_nb(cache, rp.lru_head, rp.lru_tail, r, e)
-            rp.free_blocks[r] += 1
+            lru_append_nb(cache, rp.row.lru_head, rp.row.lru_tail, r, e)
+            rp.row.free_blocks[r] += 1
     rq.n_ref[i] = 0
 
 
@@ -226,12 +226,12 @@ def commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h,
         e = find_nb(cache, chains.ids[base + j] * cfg.replicas + r)
         if cache.tier[e] == 0:
             if cache.ref[e] == 0:
-                lru_remove_nb(cache, rp.lru_head, rp.lru_tail, r, e)
-                rp.free_blocks[r] -= 1
+                lru_remove_nb(cache, rp.row.lru_head, rp.row.lru_tail, r, e)
+                rp.row.free_blocks[r] -= 1
             cache.ref[e] += 1
         else:
-            lru_remove_nb(cache, rp.cpu_head, rp.cpu_tail, r, e)
-            rp.cpu_used[r] -= 1
+            lru_remove_nb(cache, rp.row.cpu_head, rp.row.cpu_tail, r, e)
+            rp.row.cpu_used[r] -= 1
             cache.tier[e] = 2       # being reloaded
     if c > 0:
         for j in range(h):
@@ -247,7 +247,7 @@ def commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h,
     prefix[C.HIT_CPU_TOKENS] += c * cfg.block_size
     if c == 0:
         return 0.0
-    k = rp.pool[r]
+    k = rp.row.pool[r]
     s = swap[k, 0] + c * cfg.block_size * pools.kv_bytes_per_token[k] / swap[k, 1]
     prefix[C.CPU_RELOAD_TIME] += s
     return s

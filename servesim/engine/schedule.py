@@ -80,7 +80,7 @@ def cached_nb(cfg, rq, cache, chains, r, i):
 def swap_seconds_nb(swap, pools, rp, rq, r, i):
     """Moving request i's KV between GPU and host: swap[pool] = (latency s, B/s) of the PCIe path, and
     async scheduling (1: host work overlaps the GPU, continuous_batch_nb)."""
-    k = rp.pool[r]
+    k = rp.row.pool[r]
     return swap[k, 0] + rq.computed[i] * pools.kv_bytes_per_token[k] / swap[k, 1]
 
 
@@ -98,19 +98,19 @@ def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
         rq.status[v] = C.WAITING
     rq.blocks[v] = 0
     rq.preemptions[v] += 1
-    stats[rp.pool[r], STAT_PREEMPTIONS] += 1
-    drop_running_nb(rp.running, rp.n_running, r, v)
+    stats[rp.row.pool[r], STAT_PREEMPTIONS] += 1
+    drop_running_nb(rp.running, rp.row.n_running, r, v)
     # to the front, but behind transferred requests queued there with their blocks (decode
     # replicas): they need no block, and the victim may need theirs
     a = -1
-    j = rp.q_head[r]
+    j = rp.row.q_head[r]
     while j >= 0 and rq.blocks[j] > 0:
         a = j
         j = rq.q_next[j]
     if a < 0:
-        push_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r, v)
+        push_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r, v)
     else:
-        insert_after_nb(rq.q_next, rp.q_tail, rp.n_waiting, r, a, v)
+        insert_after_nb(rq.q_next, rp.row.q_tail, rp.row.n_waiting, r, a, v)
     return swap_s
 
 
@@ -120,15 +120,15 @@ def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, 
     Returns (members, seconds of CPU-tier reloads)."""
     B = cfg.max_num_seqs
     reload_s = 0.0
-    if rp.n_running[r] == 0:
-        while rp.n_waiting[r] > 0 and rp.n_running[r] < B:
-            i = rp.q_head[r]
+    if rp.row.n_running[r] == 0:
+        while rp.row.n_waiting[r] > 0 and rp.row.n_running[r] < B:
+            i = rp.row.q_head[r]
             h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
-            tokens = rq.prompt[i] if pools.role[rp.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
+            tokens = rq.prompt[i] if pools.role[rp.row.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
             need = blocks_for_nb(tokens, cfg.block_size) - h - rq.blocks[i]
-            if need + g0 + c > rp.free_blocks[r]:
+            if need + g0 + c > rp.row.free_blocks[r]:
                 break
-            pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
+            pop_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r)
             if cfg.prefix_caching and rq.computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += rq.prompt[i]
             if cache is not None and h > 0:
@@ -138,12 +138,12 @@ def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, 
             rq.status[i] = C.RUNNING
             if math.isnan(rq.scheduled[i]):
                 rq.scheduled[i] = now
-            rp.running[r, rp.n_running[r]] = i
-            rp.n_running[r] += 1
+            rp.running[r, rp.row.n_running[r]] = i
+            rp.row.n_running[r] += 1
     nb = 0
     run, in_flight, b_req, b_chunk = rp.running, rq.in_flight, step.req, step.chunk
     prompt, generated, computed = rq.prompt, rq.generated, rq.computed
-    for j in range(rp.n_running[r]):
+    for j in range(rp.row.n_running[r]):
         i = run[r, j]
         if not in_flight[i]:
             b_req[nb] = i
@@ -158,9 +158,9 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     With speculative decoding (``spec``) a decode verifies k + 1 tokens (of the token budget), holds
     blocks for them (k lookahead slots) and advances by the tokens its step yields."""
     B = cfg.max_num_seqs
-    wm = pools.watermark_blocks[rp.pool[r]]
+    wm = pools.watermark_blocks[rp.row.pool[r]]
     pol = cfg.policy
-    run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
+    run, n_running, free_blocks = rp.running, rp.row.n_running, rp.row.free_blocks
     b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
     status, in_flight = rq.status, rq.in_flight
@@ -172,13 +172,13 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     if pol == C.VLLM_V0:
         # prefill-prioritised: if any waiting request can be admitted, this is a prefill iteration
         decode_only = True
-        if rp.n_waiting[r] > 0 and rp.n_running[r] < B:
-            i = rp.q_head[r]
+        if rp.row.n_waiting[r] > 0 and rp.row.n_running[r] < B:
+            i = rp.row.q_head[r]
             h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
             done = rq.computed[i] if h == 0 else h * cfg.block_size
             pend = rq.prompt[i] + rq.generated[i] - done
             need = blocks_for_nb(done + pend, cfg.block_size) - (rq.blocks[i] if h == 0 else h) + g0 + c
-            if need == 0 or rp.free_blocks[r] - need >= wm:
+            if need == 0 or rp.row.free_blocks[r] - need >= wm:
                 decode_only = False
     # 1) running requests (not for a V0 prefill step): vllm walks them in admission order,
     #    decodes and partial prefills alike (V1); the others take decodes first
@@ -244,7 +244,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                                 break
                     if v < 0:
                         break
-                    if v == i and rp.n_in_flight[r] > 0:
+                    if v == i and rp.row.n_in_flight[r] > 0:
                         # only the requester is left while a micro-batch is in flight: wait for it
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
@@ -280,14 +280,14 @@ def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now,
     GPU, one stage): this step was planned when the step now ending was launched, so while it has
     running members a request that arrived after that launch waits for the next one (POOLS.md)."""
     B = cfg.max_num_seqs
-    wm = pools.watermark_blocks[rp.pool[r]]
+    wm = pools.watermark_blocks[rp.row.pool[r]]
     pol = cfg.policy
-    run, n_running, free_blocks = rp.running, rp.n_running, rp.free_blocks
+    run, n_running, free_blocks = rp.running, rp.row.n_running, rp.row.free_blocks
     b_req, b_chunk = step.req, step.chunk
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
-    status, n_waiting, q_head = rq.status, rp.n_waiting, rp.q_head
+    status, n_waiting, q_head = rq.status, rp.row.n_waiting, rp.row.q_head
     cutoff = math.inf
-    if pol == C.VLLM and swap[rp.pool[r], 2] > 0.0 and pools.pp[rp.pool[r]] == 1 and nb > 0:
+    if pol == C.VLLM and swap[rp.row.pool[r], 2] > 0.0 and pools.pp[rp.row.pool[r]] == 1 and nb > 0:
         cutoff = rp.slot_start[r * cfg.pp]
     while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
         i = q_head[r]
@@ -305,7 +305,7 @@ def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now,
         need = blocks_for_nb(done + c, cfg.block_size) - held
         if need + g0 + hc > 0 and free_blocks[r] - (need + g0 + hc) < wm:
             break
-        pop_front_nb(rq.q_next, rp.q_head, rp.q_tail, rp.n_waiting, r)
+        pop_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r)
         if cfg.prefix_caching and computed[i] == 0:
             prefix[C.LOOKUP_TOKENS] += prompt[i]
         if cache is not None and h > 0:

@@ -71,39 +71,39 @@ def joins_nb(cfg, chains, rq, cache, sp, r, i, t):
 @njit(**HANDLER)
 def join_nb(cfg, rq, rp, sp, r, i, pos):
     """Request i, at running position pos, joins replica r's span (in its latest epoch)."""
-    m = sp.done[r]
+    m = sp.row.done[r]
     c = rq.computed[i]
     room = rq.blocks[i] * cfg.block_size - c
-    sp.epoch[r, pos] = sp.n_epochs[r] - 1
+    sp.epoch[r, pos] = sp.row.n_epochs[r] - 1
     sp.hits[r, (m + room + 1) % cfg.block_size] += 1     # first takes a block at the span's iteration m + room + 1
-    sp.kv0[r] += c - m
+    sp.row.kv0[r] += c - m
     f = m + rq.output[i] - rq.generated[i]
-    if f < sp.fin[r]:
-        sp.fin[r] = f
+    if f < sp.row.fin[r]:
+        sp.row.fin[r] = f
     if rq.arrival[i] >= cfg.warmup_time:
-        sp.n_warm[r] += 1
+        sp.row.n_warm[r] += 1
     k = r * cfg.pp
     rp.slot_req[k, pos] = i     # the span's batch, in running order (a completion run request by request reads it)
     rp.slot_chunk[k, pos] = 1
-    sp.n[r] = pos + 1
+    sp.row.n[r] = pos + 1
 
 
 @njit(**HANDLER)
 def new_epoch_nb(sp, r):
-    e = sp.n_epochs[r]
-    sp.e_start[r, e] = sp.done[r]
+    e = sp.row.n_epochs[r]
+    sp.e_start[r, e] = sp.row.done[r]
     sp.e_max[r, e] = 0.0
-    sp.n_epochs[r] = e + 1
+    sp.row.n_epochs[r] = e + 1
 
 
 @njit(**HANDLER)
 def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
     """Begin a span on replica r if its next decision would batch its whole running list first, every
     member decoding one token (the conditions in the module's docstring); returns whether it began."""
-    n = rp.n_running[r]
-    if n == 0 or n > cfg.max_batched_tokens or pools.pp[rp.pool[r]] != 1:
+    n = rp.row.n_running[r]
+    if n == 0 or n > cfg.max_batched_tokens or pools.pp[rp.row.pool[r]] != 1:
         return False
-    if cfg.policy == C.VLLM_V0 and rp.n_waiting[r] > 0:
+    if cfg.policy == C.VLLM_V0 and rp.row.n_waiting[r] > 0:
         return False
     run = rp.running
     t = rq.last_token[run[r, n - 1]]
@@ -112,18 +112,18 @@ def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
             return False
     for q in range(cfg.block_size):
         sp.hits[r, q] = 0
-    sp.n[r] = 0
-    sp.kv0[r] = 0
-    sp.fin[r] = 1 << 62
-    sp.launched[r] = 0
-    sp.done[r] = 0
-    sp.n_warm[r] = 0
-    sp.t_last[r] = t
-    sp.n_epochs[r] = 0
+    sp.row.n[r] = 0
+    sp.row.kv0[r] = 0
+    sp.row.fin[r] = 1 << 62
+    sp.row.launched[r] = 0
+    sp.row.done[r] = 0
+    sp.row.n_warm[r] = 0
+    sp.row.t_last[r] = t
+    sp.row.n_epochs[r] = 0
     new_epoch_nb(sp, r)
     for j in range(n):
         join_nb(cfg, rq, rp, sp, r, run[r, j], j)
-    sp.active[r] = 1
+    sp.row.active[r] = 1
     return True
 
 
@@ -133,18 +133,18 @@ def span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r):
     can), taking the blocks its members need; returns the members' computed tokens + 1, summed (their
     KV in the batch), or -1: the step-by-step scheduler decides (the span, if any, ended). Waiting
     requests are then admitted after the members (`schedule.admit_nb`, by the caller)."""
-    if sp.active[r] == 0 and not span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
+    if sp.row.active[r] == 0 and not span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
         return -1
-    j = sp.launched[r] + 1
+    j = sp.row.launched[r] + 1
     need = sp.hits[r, j % cfg.block_size]
-    if rp.n_running[r] != sp.n[r] or need > rp.free_blocks[r] or (cfg.policy == C.VLLM_V0 and rp.n_waiting[r] > 0):
+    if rp.row.n_running[r] != sp.row.n[r] or need > rp.row.free_blocks[r] or (cfg.policy == C.VLLM_V0 and rp.row.n_waiting[r] > 0):
         span_end_nb(cfg, rq, rp, sp, r)
         return -1
     if need > 0:
         take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
-    sp.launched[r] = j
+    sp.row.launched[r] = j
     sp.count[0] += 1
-    return sp.kv0[r] + sp.n[r] * j
+    return sp.row.kv0[r] + sp.row.n[r] * j
 
 
 @njit(**HANDLER)
@@ -152,14 +152,14 @@ def span_complete_nb(cfg, sp, gap_hist, r, now):
     """The span's in-flight iteration comes out: its members' tokens are counted on the span (one gap,
     shared). Members it ends (the span's completion ``fin``) leave it by `events.span_finish_nb`; the
     batch's other members are run request by request, then `span_joins_nb`."""
-    gap = now - sp.t_last[r]
-    e = sp.n_epochs[r] - 1
+    gap = now - sp.row.t_last[r]
+    e = sp.row.n_epochs[r] - 1
     if gap > sp.e_max[r, e]:
         sp.e_max[r, e] = gap
-    if sp.n_warm[r] > 0:
-        gap_hist[gap_bin_nb(gap)] += sp.n_warm[r]
-    sp.t_last[r] = now
-    sp.done[r] += 1
+    if sp.row.n_warm[r] > 0:
+        gap_hist[gap_bin_nb(gap)] += sp.row.n_warm[r]
+    sp.row.t_last[r] = now
+    sp.row.done[r] += 1
 
 
 @njit(**HANDLER)
@@ -169,11 +169,11 @@ def leave_nb(cfg, rq, sp, r, i, e):
     m0 = sp.e_start[r, e]
     room = rq.blocks[i] * cfg.block_size - rq.computed[i]
     sp.hits[r, (m0 + room + 1) % cfg.block_size] -= 1
-    sp.kv0[r] -= rq.computed[i] - m0
+    sp.row.kv0[r] -= rq.computed[i] - m0
     if rq.arrival[i] >= cfg.warmup_time:
-        sp.n_warm[r] -= 1
+        sp.row.n_warm[r] -= 1
     g = 0.0
-    for e2 in range(e, sp.n_epochs[r]):
+    for e2 in range(e, sp.row.n_epochs[r]):
         if sp.e_max[r, e2] > g:
             g = sp.e_max[r, e2]
     member_end_nb(cfg, rq, sp, r, i, m0, g)
@@ -184,8 +184,8 @@ def member_end_nb(cfg, rq, sp, r, i, m0, gap_max):
     """Member i, joined at the span's completion m0, gets the tokens of the iterations completed since,
     the blocks of those launched, the last token and ``gap_max``, its longest gap since."""
     bs = cfg.block_size
-    m = sp.done[r]
-    L = sp.launched[r]
+    m = sp.row.done[r]
+    L = sp.row.launched[r]
     first = rq.blocks[i] * bs - rq.computed[i] + 1      # its first iteration taking a block, from its join
     if L - m0 >= first:
         rq.blocks[i] += (L - m0 - first) // bs + 1
@@ -193,7 +193,7 @@ def member_end_nb(cfg, rq, sp, r, i, m0, gap_max):
     rq.computed[i] += d
     rq.generated[i] += d
     if d > 0:
-        rq.last_token[i] = sp.t_last[r]
+        rq.last_token[i] = sp.row.t_last[r]
         if gap_max > rq.max_gap[i]:
             rq.max_gap[i] = gap_max
     rq.in_flight[i] = L > m
@@ -203,13 +203,13 @@ def member_end_nb(cfg, rq, sp, r, i, m0, gap_max):
 def span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now):
     """After a span's completion: the running requests after its members join it, in running order,
     while each can (one new epoch for them)."""
-    pos = sp.n[r]
-    if pos >= rp.n_running[r] or pos >= cfg.max_batched_tokens or sp.n_epochs[r] == sp.e_start.shape[1]:
+    pos = sp.row.n[r]
+    if pos >= rp.row.n_running[r] or pos >= cfg.max_batched_tokens or sp.row.n_epochs[r] == sp.e_start.shape[1]:
         return
     if not joins_nb(cfg, chains, rq, cache, sp, r, rp.running[r, pos], now):
         return
     new_epoch_nb(sp, r)
-    while pos < rp.n_running[r] and pos < cfg.max_batched_tokens:
+    while pos < rp.row.n_running[r] and pos < cfg.max_batched_tokens:
         i = rp.running[r, pos]
         if not joins_nb(cfg, chains, rq, cache, sp, r, i, now):
             return
@@ -221,10 +221,10 @@ def span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now):
 def span_end_nb(cfg, rq, rp, sp, r):
     """End replica r's span: each member brought up to date (`member_end_nb`); a member of a launched
     iteration not yet out is in flight."""
-    for e in range(sp.n_epochs[r] - 2, -1, -1):     # the longest gap from each epoch on
+    for e in range(sp.row.n_epochs[r] - 2, -1, -1):     # the longest gap from each epoch on
         if sp.e_max[r, e + 1] > sp.e_max[r, e]:
             sp.e_max[r, e] = sp.e_max[r, e + 1]
-    for j in range(sp.n[r]):
+    for j in range(sp.row.n[r]):
         e = sp.epoch[r, j]
         member_end_nb(cfg, rq, sp, r, rp.running[r, j], sp.e_start[r, e], sp.e_max[r, e])
-    sp.active[r] = 0
+    sp.row.active[r] = 0

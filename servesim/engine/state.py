@@ -5,7 +5,7 @@ arguments per call and compile slowly); the rest are NamedTuples of arrays (immu
 mutable arrays). Built in NumPy by the constructors below, passed to the jitted event loop.
 
 Names follow the reference simulator (`servesim.reference.sim`): its `Request` and `Replica`
-attributes are the fields of `request_dtype` and the arrays of `Replicas` here, one element per request or replica.
+attributes are the fields of `request_dtype` and of `replica_dtype` (or the arrays of `Replicas`) here.
 """
 from __future__ import annotations
 
@@ -166,18 +166,37 @@ request_dtype = np.dtype([
 ])
 
 
+# One record per replica (a record array, like the requests: a handler receives the per-replica
+# state as one array, `rp.row.free_blocks[r]` reads a field); with the initial value `new_replicas`
+# gives each field.
+replica_dtype = np.dtype([
+    ("pool", np.int64),
+    ("q_head", np.int64),           # -1; waiting queue: a linked list through the requests' q_next
+    ("q_tail", np.int64),           # -1
+    ("n_waiting", np.int64),
+    ("n_running", np.int64),
+    ("free_blocks", np.int64),      # the pool's num_blocks
+    ("load", np.int64),             # waiting + running, what the routers compare
+    ("next_free", np.float64),      # first pipeline stage free at
+    ("n_in_flight", np.int64),
+    ("inflight_since", np.float64), # start of the current span with work in flight
+    ("pad_seqs", np.int64),         # static: finished members still padding the batch
+    ("pad_kv", np.int64),
+    ("empty", np.int64),            # the pool's num_blocks; never-used free blocks (free_blocks = empty + the LRU list's blocks)
+    ("lru_head", np.int64),         # -1; evictable GPU entries and runs of freed private blocks, least recently freed first
+    ("lru_tail", np.int64),         # -1
+    ("cpu_head", np.int64),         # -1; CPU-tier entries, least recently stored first
+    ("cpu_tail", np.int64),         # -1
+    ("cpu_used", np.int64),
+    ("n_xfer", np.int64),           # KV transfers leaving the replica (they share its link)
+])
+
+
 class Replicas(NamedTuple):
-    """One element (row) per replica; pipeline slots are flattened to index r * cfg.pp + s (cfg.pp:
-    the deepest pool's stages)."""
-    pool: np.ndarray
-    q_head: np.ndarray          # waiting queue: a linked list through the requests' q_next
-    q_tail: np.ndarray
-    n_waiting: np.ndarray
+    """The replicas: ``row`` one record per replica (`replica_dtype`); pipeline slots are flattened to
+    index r * cfg.pp + s (cfg.pp: the deepest pool's stages)."""
+    row: np.ndarray             # (R) replica_dtype records
     running: np.ndarray         # (R, max_num_seqs) running requests in admission order
-    n_running: np.ndarray
-    free_blocks: np.ndarray
-    load: np.ndarray            # waiting + running, what the routers compare
-    next_free: np.ndarray       # first pipeline stage free at
     wake_at: np.ndarray         # pending scheduling decision (inf: none); padded, see nextevent.py
     wake_tree: np.ndarray       # the earliest wake_at
     slot_end: np.ndarray        # (R * pp) when the micro-batch in the slot comes out (inf: empty); padded
@@ -185,19 +204,8 @@ class Replicas(NamedTuple):
     slot_n: np.ndarray          # (R * pp) its members
     slot_req: np.ndarray        # (R * pp, max_num_seqs)
     slot_chunk: np.ndarray      # (R * pp, max_num_seqs) tokens each member runs
-    n_in_flight: np.ndarray
-    inflight_since: np.ndarray  # start of the current span with work in flight
-    stage_free: np.ndarray      # (R, pp) later pipeline stages 1..pp-1 free at
-    pad_seqs: np.ndarray        # static: finished members still padding the batch
-    pad_kv: np.ndarray
     slot_start: np.ndarray      # (R * pp) when the micro-batch in the slot was launched
-    empty: np.ndarray           # never-used free blocks (free_blocks = empty + the LRU list's blocks)
-    lru_head: np.ndarray        # evictable GPU entries and runs of freed private blocks, least recently freed first
-    lru_tail: np.ndarray
-    cpu_head: np.ndarray        # CPU-tier entries, least recently stored first
-    cpu_tail: np.ndarray
-    cpu_used: np.ndarray
-    n_xfer: np.ndarray          # KV transfers leaving the replica (they share its link)
+    stage_free: np.ndarray      # (R, pp) later pipeline stages 1..pp-1 free at
     entry: np.ndarray           # the replicas arrivals go to (mixed and prefill pools)
     decode: np.ndarray          # the decode replicas
 
@@ -235,24 +243,30 @@ class Spec(NamedTuple):
     steps: np.ndarray           # int64, decode steps taken (state)
 
 
+# Decode fast-forward (`span.py`), one record per replica: a span of iterations whose batch starts
+# with the whole running list, every member decoding, run from these aggregates (admissions after
+# them run request by request, and join the span once decoding); the members' records are brought
+# up to date once, when the span ends.
+span_dtype = np.dtype([
+    ("active", np.int64),           # 1 while replica r runs a span
+    ("n", np.int64),                # members: the first n of its running list
+    ("kv0", np.int64),              # their computed tokens when they joined less the span's completions then, summed
+    ("fin", np.int64),              # the span's completion that ends a member (counted from 1)
+    ("launched", np.int64),         # iterations of the span launched
+    ("done", np.int64),             # ... and completed
+    ("n_warm", np.int64),           # members whose gaps go to the histogram (arrived after the warm-up)
+    ("t_last", np.float64),         # the members' last token (the span's last completion)
+    ("n_epochs", np.int64),
+])
+
+
 class Span(NamedTuple):
-    """Decode fast-forward (`span.py`), per replica: a span of iterations whose batch starts with the
-    whole running list, every member decoding, run from these aggregates (admissions after them run
-    request by request, and join the span once decoding); the members' records are brought up to
-    date once, when the span ends."""
-    active: np.ndarray          # 1 while replica r runs a span
-    n: np.ndarray               # members: the first n of its running list
-    kv0: np.ndarray             # their computed tokens when they joined less the span's completions then, summed
-    fin: np.ndarray             # the span's completion that ends a member (counted from 1)
-    launched: np.ndarray        # iterations of the span launched
-    done: np.ndarray            # ... and completed
-    n_warm: np.ndarray          # members whose gaps go to the histogram (arrived after the warm-up)
-    t_last: np.ndarray          # the members' last token (the span's last completion)
+    """Decode fast-forward: ``row`` one `span_dtype` record per replica, and the per-member arrays."""
+    row: np.ndarray             # (R) span_dtype records
     hits: np.ndarray            # (R, block_size): members taking a block at the span's iterations j = q (mod block_size)
     epoch: np.ndarray           # (R, max_num_seqs) the epoch a member (by running position) joined in
     e_start: np.ndarray         # (R, SPAN_EPOCHS) the span's completions when an epoch began (members joined)
     e_max: np.ndarray           # (R, SPAN_EPOCHS) the longest gap of the epoch's completions
-    n_epochs: np.ndarray
     count: np.ndarray           # (1) iterations run as spans (diagnostic)
 
 
@@ -298,17 +312,17 @@ def new_replicas(cfg, pools):
     wake_at, wake_tree = new_tree(R)
     slot_end, slot_tree = new_tree(S)
     pool = np.repeat(np.arange(pools.role.shape[0], dtype=np.int64), pools.count).astype(np.int64)
-    free = pools.num_blocks[pool].astype(np.int64)
+    row = np.zeros(R, replica_dtype)
+    row["pool"] = pool
+    row["free_blocks"] = row["empty"] = pools.num_blocks[pool]
+    for name in ("q_head", "q_tail", "lru_head", "lru_tail", "cpu_head", "cpu_tail"):
+        row[name] = -1
     is_decode = pools.role[pool] == C.DECODE
     entry = np.flatnonzero(~is_decode).astype(np.int64)
     decode = np.flatnonzero(is_decode).astype(np.int64)
-    return Replicas(pool, np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.zeros(R, np.int64),
-                    np.full((R, B), -1, np.int64), np.zeros(R, np.int64), free,
-                    np.zeros(R, np.int64), np.zeros(R), wake_at, wake_tree, slot_end, slot_tree, np.zeros(S, np.int64),
-                    np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(R, np.int64), np.zeros(R),
-                    np.zeros((R, cfg.pp)), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(S), free.copy(),
-                    np.full(R, -1, np.int64), np.full(R, -1, np.int64), np.full(R, -1, np.int64),
-                    np.full(R, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), entry, decode)
+    return Replicas(row.view(np.recarray), np.full((R, B), -1, np.int64), wake_at, wake_tree, slot_end, slot_tree,
+                    np.zeros(S, np.int64), np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(S),
+                    np.zeros((R, cfg.pp)), entry, decode)
 
 
 def new_cache(cfg, pools, ctr, room: bool = False):
@@ -331,10 +345,9 @@ def new_flow(n, pd):
 
 def new_span(cfg):
     R = cfg.replicas
-    z = lambda: np.zeros(R, np.int64)  # noqa: E731
-    return Span(z(), z(), z(), z(), z(), z(), z(), np.zeros(R), np.zeros((R, cfg.block_size), np.int64),
+    return Span(np.zeros(R, span_dtype).view(np.recarray), np.zeros((R, cfg.block_size), np.int64),
                 np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, SPAN_EPOCHS), np.int64),
-                np.zeros((R, SPAN_EPOCHS)), z(), np.zeros(1, np.int64))
+                np.zeros((R, SPAN_EPOCHS)), np.zeros(1, np.int64))
 
 
 def new_step(B):
