@@ -27,8 +27,9 @@ def floats(*v):
     return np.array(v, np.float64)
 
 
-def pools(roles, blocks, cpu=(0, 0), bw=50e9, alpha=1e-5, wm=0):
+def pools(roles, blocks, cpu=None, bw=50e9, alpha=1e-5, wm=0):
     P = len(roles)
+    cpu = [0] * P if cpu is None else cpu
     return Pools(role=ints(*roles), first=ints(*range(P)), count=ints(*([1] * P)), pp=ints(*([1] * P)),
                  num_blocks=ints(*blocks[:P]), watermark_blocks=ints(*([wm] * P)), cpu_blocks=ints(*cpu[:P]),
                  kv_bytes_per_token=floats(*([KVB] * P)), kv_bytes_total=floats(*([KVB] * P)),
@@ -220,3 +221,13 @@ def test_a_session_turn_hits_its_history(rc):
     assert out.prefix[C.HIT_GPU_TOKENS] == shared * BS
     assert out.arrival[1] == out.finish[0] + 2.0        # sent its think time after turn 1 ended
     assert out.status[1] == C.DONE
+
+
+def test_pools_with_a_field_of_the_wrong_length_are_refused_naming_it(replica_cost):
+    """The kernel reads the pools as one record per pool (`state.kernel_pools`): a field with fewer
+    entries than pools is an error naming it, not a pool read past its end."""
+    a = replica_cost(1, 1)
+    bad = pools([C.MIXED] * 3, [1000] * 3)._replace(cpu_blocks=ints(0, 0))
+    with pytest.raises(ValueError, match=r"Pools.cpu_blocks is .*: give one int64 per pool \(3\)"):
+        simulate_pools((a.params,) * 3, config(a, 3), bad, floats(0.0), ints(400), ints(1), *router_draws(1, 0),
+                       no_chains(1))

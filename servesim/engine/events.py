@@ -49,7 +49,7 @@ def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
 @njit(**HANDLER)
 def wake_nb(pools, rp, r, at):
     """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free."""
-    if rp.row.n_in_flight[r] < pools.pp[rp.row.pool[r]]:
+    if rp.row.n_in_flight[r] < pools.row.pp[rp.row.pool[r]]:
         set_time_nb(rp.wake_at, rp.wake_tree, r, at)
 
 
@@ -66,7 +66,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
     rp.row.n_in_flight[r] -= 1
     if rp.row.n_in_flight[r] == 0:
         stats[pl, STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
-    prefill_pool = pools.role[pl] == C.PREFILL
+    prefill_pool = pools.row.role[pl] == C.PREFILL
     freed = False
     cached_gap = -1.0
     cached_bin = 0
@@ -130,7 +130,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
         rp.row.pad_seqs[r] = 0
         rp.row.pad_kv[r] = 0
     wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
-    if flow is not None and freed and pools.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
+    if flow is not None and freed and pools.row.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
         retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
 
 
@@ -182,7 +182,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         return lst[routed % m]
     if cfg.router == C.RANDOM:
         return lst[min(int(rq.u1[i] * m), m - 1)]
-    load, weight, pool = rp.row.load, pools.weight, rp.row.pool
+    load, weight, pool = rp.row.load, pools.row.weight, rp.row.pool
     if cfg.router == C.POWER_OF_TWO:
         ja = min(int(rq.u1[i] * m), m - 1)
         jb = min(int(rq.u2[i] * (m - 1)), m - 2)
@@ -195,7 +195,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         if lb < la or (lb == la and b < a):
             return b
         return a
-    free, nblk = rp.row.free_blocks, pools.num_blocks
+    free, nblk = rp.row.free_blocks, pools.row.num_blocks
     best = lst[0]
     best_h = -1
     if cache is not None and prefix_aware:
@@ -229,8 +229,8 @@ def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
 def fits_nb(pools, rp, d, need, whole):
     """Decode replica d can take a reservation of `need` blocks now, and its pool a request of `whole`."""
     k = rp.row.pool[d]
-    wm = pools.watermark_blocks[k]
-    return whole <= pools.num_blocks[k] - wm and rp.row.free_blocks[d] - need >= wm
+    wm = pools.row.watermark_blocks[k]
+    return whole <= pools.row.num_blocks[k] - wm and rp.row.free_blocks[d] - need >= wm
 
 
 @njit(**HANDLER)
@@ -271,11 +271,11 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_pref
     rq.reg_done[i] = True
     P = rp.row.pool[rq.pf_replica[i]]
     D = rp.row.pool[found]
-    g = pools.kv_gpus[P] if pools.kv_gpus[P] < pools.kv_gpus[D] else pools.kv_gpus[D]
-    nbytes = rq.prompt[i] * pools.kv_bytes_total[P] / g
+    g = pools.row.kv_gpus[P] if pools.row.kv_gpus[P] < pools.row.kv_gpus[D] else pools.row.kv_gpus[D]
+    nbytes = rq.prompt[i] * pools.row.kv_bytes_total[P] / g
     if cfg.layerwise and t_prefill >= 0.0:
         left = nbytes - pools.link_bw[P, D] * t_prefill
-        last = nbytes / pools.n_layers[P]
+        last = nbytes / pools.row.n_layers[P]
         nbytes = left if left > last else last
     start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now)
     return True
@@ -327,16 +327,16 @@ def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 def rejects_nb(cfg, pools, rp, rq, r, i):
     """Request i can never fit on entry replica r (or, PD, on any decode replica)."""
     k = rp.row.pool[r]
-    cap = pools.num_blocks[k] - pools.watermark_blocks[k]
-    if pools.role[k] != C.PREFILL:
+    cap = pools.row.num_blocks[k] - pools.row.watermark_blocks[k]
+    if pools.row.role[k] != C.PREFILL:
         return blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) > cap
     if blocks_for_nb(rq.prompt[i], cfg.block_size) > cap:
         return True
     if rq.output[i] <= 1:
         return False
     need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
-    for q in range(pools.role.shape[0]):
-        if pools.role[q] == C.DECODE and need <= pools.num_blocks[q] - pools.watermark_blocks[q]:
+    for q in range(pools.row.role.shape[0]):
+        if pools.row.role[q] == C.DECODE and need <= pools.row.num_blocks[q] - pools.row.watermark_blocks[q]:
             return False
     return True
 
@@ -396,7 +396,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
     KV sums to it, and they are already in the slot."""
     pl = rp.row.pool[r]
-    PP = pools.pp[pl]
+    PP = pools.row.pp[pl]
     base = r * cfg.pp
     computed, generated, prompt, b_req, b_chunk = rq.computed, rq.generated, rq.prompt, step.req, step.chunk
     tp_tok = 0.0
@@ -490,7 +490,7 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
     rp.row.next_free[r] = now + interval
     wake_nb(pools, rp, r, rp.row.next_free[r])
 
-    kv_in_use = pools.num_blocks[pl] - rp.row.free_blocks[r]
+    kv_in_use = pools.row.num_blocks[pl] - rp.row.free_blocks[r]
     ctr[ITERATIONS] += 1
     stats[pl, STAT_ITERATIONS] += 1
     stats[pl, STAT_BUSY] += interval

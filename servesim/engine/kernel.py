@@ -32,8 +32,8 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     ENDED, HEAP_N, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
-    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, new_cache,
-    new_counters, new_flow, new_log, new_replicas, new_requests, new_span, new_step,
+    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, kernel_pools,
+    new_cache, new_counters, new_flow, new_log, new_replicas, new_requests, new_span, new_step,
 )
 
 
@@ -83,7 +83,7 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dtabs = cost_inputs(dps, pools)[0] if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
-    now, _ = run_nb(tabs, swap, cfg, pools, chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
+    now, _ = run_nb(tabs, swap, cfg, kernel_pools(pools), chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
                     ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, 0.0, INF)
     end_run_nb(cfg, rq, rp, sp, pool_stats, now)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,

@@ -136,7 +136,7 @@ def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
     rp.row.empty[r] -= k
     if cache is None:       # no prefix cache: every free block is empty (k == n)
         return
-    cpu = pools.cpu_blocks[rp.row.pool[r]]
+    cpu = pools.row.cpu_blocks[rp.row.pool[r]]
     m = n - k
     while m > 0:
         e = rp.row.lru_head[r]
@@ -248,7 +248,7 @@ def commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h,
     if c == 0:
         return 0.0
     k = rp.row.pool[r]
-    s = swap[k, 0] + c * cfg.block_size * pools.kv_bytes_per_token[k] / swap[k, 1]
+    s = swap[k, 0] + c * cfg.block_size * pools.row.kv_bytes_per_token[k] / swap[k, 1]
     prefix[C.CPU_RELOAD_TIME] += s
     return s
 

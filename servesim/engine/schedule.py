@@ -81,7 +81,7 @@ def swap_seconds_nb(swap, pools, rp, rq, r, i):
     """Moving request i's KV between GPU and host: swap[pool] = (latency s, B/s) of the PCIe path, and
     async scheduling (1: host work overlaps the GPU, continuous_batch_nb)."""
     k = rp.row.pool[r]
-    return swap[k, 0] + rq.computed[i] * pools.kv_bytes_per_token[k] / swap[k, 1]
+    return swap[k, 0] + rq.computed[i] * pools.row.kv_bytes_per_token[k] / swap[k, 1]
 
 
 @njit(**HANDLER)
@@ -124,7 +124,7 @@ def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, 
         while rp.row.n_waiting[r] > 0 and rp.row.n_running[r] < B:
             i = rp.row.q_head[r]
             h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
-            tokens = rq.prompt[i] if pools.role[rp.row.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
+            tokens = rq.prompt[i] if pools.row.role[rp.row.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
             need = blocks_for_nb(tokens, cfg.block_size) - h - rq.blocks[i]
             if need + g0 + c > rp.row.free_blocks[r]:
                 break
@@ -158,7 +158,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     With speculative decoding (``spec``) a decode verifies k + 1 tokens (of the token budget), holds
     blocks for them (k lookahead slots) and advances by the tokens its step yields."""
     B = cfg.max_num_seqs
-    wm = pools.watermark_blocks[rp.row.pool[r]]
+    wm = pools.row.watermark_blocks[rp.row.pool[r]]
     pol = cfg.policy
     run, n_running, free_blocks = rp.running, rp.row.n_running, rp.row.free_blocks
     b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
@@ -280,14 +280,14 @@ def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now,
     GPU, one stage): this step was planned when the step now ending was launched, so while it has
     running members a request that arrived after that launch waits for the next one (POOLS.md)."""
     B = cfg.max_num_seqs
-    wm = pools.watermark_blocks[rp.row.pool[r]]
+    wm = pools.row.watermark_blocks[rp.row.pool[r]]
     pol = cfg.policy
     run, n_running, free_blocks = rp.running, rp.row.n_running, rp.row.free_blocks
     b_req, b_chunk = step.req, step.chunk
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
     status, n_waiting, q_head = rq.status, rp.row.n_waiting, rp.row.q_head
     cutoff = math.inf
-    if pol == C.VLLM and swap[rp.row.pool[r], 2] > 0.0 and pools.pp[rp.row.pool[r]] == 1 and nb > 0:
+    if pol == C.VLLM and swap[rp.row.pool[r], 2] > 0.0 and pools.row.pp[rp.row.pool[r]] == 1 and nb > 0:
         cutoff = rp.slot_start[r * cfg.pp]
     while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
         i = q_head[r]

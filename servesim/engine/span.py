@@ -101,7 +101,7 @@ def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
     """Begin a span on replica r if its next decision would batch its whole running list first, every
     member decoding one token (the conditions in the module's docstring); returns whether it began."""
     n = rp.row.n_running[r]
-    if n == 0 or n > cfg.max_batched_tokens or pools.pp[rp.row.pool[r]] != 1:
+    if n == 0 or n > cfg.max_batched_tokens or pools.row.pp[rp.row.pool[r]] != 1:
         return False
     if cfg.policy == C.VLLM_V0 and rp.row.n_waiting[r] > 0:
         return False

@@ -62,6 +62,43 @@ class Pools(NamedTuple):
     link_alpha: np.ndarray      # (P, P) s
 
 
+# The pools as the kernel reads them (`kernel_pools`): one record per pool with the fields of `Pools`
+# but the (P, P) links, so a handler's call passes one array for them, not twelve.
+pool_dtype = np.dtype([
+    ("role", np.int64),
+    ("first", np.int64),
+    ("count", np.int64),
+    ("pp", np.int64),
+    ("num_blocks", np.int64),
+    ("watermark_blocks", np.int64),
+    ("cpu_blocks", np.int64),
+    ("kv_bytes_per_token", np.float64),
+    ("kv_bytes_total", np.float64),
+    ("kv_gpus", np.int64),
+    ("n_layers", np.int64),
+    ("weight", np.float64),
+])
+
+
+class KernelPools(NamedTuple):
+    row: np.ndarray             # (P) pool_dtype records
+    link_bw: np.ndarray         # (P, P) as in Pools
+    link_alpha: np.ndarray
+
+
+def kernel_pools(pools: Pools) -> KernelPools:
+    """``pools`` as the kernel reads them: ``row.num_blocks[k]`` for ``num_blocks[k]``."""
+    P = pools.role.shape[0]
+    row = np.zeros(P, pool_dtype)
+    for name in pool_dtype.names:
+        v = np.asarray(getattr(pools, name))
+        if v.shape != (P,) or np.any(v.astype(pool_dtype[name]) != v):
+            raise ValueError(f"Pools.{name} is {v!r}: give one {pool_dtype[name]} per pool ({P})")
+        row[name] = v
+    return KernelPools(row.view(np.recarray), np.ascontiguousarray(pools.link_bw, np.float64),
+                       np.ascontiguousarray(pools.link_alpha, np.float64))
+
+
 class EngineOutput(NamedTuple):
     arrival: np.ndarray
     scheduled: np.ndarray

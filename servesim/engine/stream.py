@@ -28,8 +28,8 @@ from . import codes as C
 from .kernel import RUN_CUT, cost_inputs, end_run_nb, run_nb, run_totals
 from .lower import no_chains
 from .state import (
-    ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, new_counters, new_log, new_replicas, new_requests,
-    new_span, new_step,
+    ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, kernel_pools, new_counters, new_log,
+    new_replicas, new_requests, new_span, new_step,
 )
 
 CHUNK = 1 << 18          # requests loaded per chunk (even: see workload/stream.py)
@@ -78,6 +78,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     max_window = MAX_WINDOW if max_window is None else max_window
     tabs, swap = cost_inputs(ps, pools)
     rp = new_replicas(cfg, pools)
+    kp = kernel_pools(pools)
     ctr = new_counters(cfg, 0)
     log = new_log(cfg.log_size)
     step = new_step(cfg.max_num_seqs)
@@ -99,7 +100,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        now, why = run_nb(tabs, swap, cfg, pools, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
+        now, why = run_nb(tabs, swap, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
                           pool_stats, prefix, gap_hist, None, None, sp, now, until)
         n_chunks += 1
         cut = why == RUN_CUT
