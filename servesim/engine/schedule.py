@@ -1,8 +1,9 @@
 """Batch formation and preemption on one replica: the policies of a scheduling step.
 
-Each policy fills `Step` with (request, chunk) members and returns how many it took and the swap
-seconds the step pays; the semantics are written out in `servesim.reference.sim` (methods of the
-same names: `static_batch`, `continuous_batch`, `preempt`, `cached`, `blocks_needed`).
+Each policy fills the step (`state.step_dtype` records) with (request, chunk) members and returns how
+many it took and the swap seconds the step pays; the semantics are written out in
+`servesim.reference.sim` (methods of the same names: `static_batch`, `continuous_batch`, `preempt`,
+`cached`, `blocks_needed`).
 """
 from __future__ import annotations
 

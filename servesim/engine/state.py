@@ -1,7 +1,9 @@
 """The engine's state, declared once: configuration, requests, replicas, the micro-batch being
 formed, the run's counters and outputs. Requests are a record array (one structured array: a
 handler receives it as one argument, not as 28 arrays, which numba would flatten into hundreds of
-arguments per call and compile slowly); the rest are NamedTuples of arrays (immutable bundles of
+arguments per call and compile slowly); so are the per-replica, per-span, per-pool, per-step-member
+and per-log-sample fields (`replica_dtype` ...; compiling the loop took ~13% less CPU than with
+NamedTuples of arrays). The arrays of other shapes are NamedTuples of arrays (immutable bundles of
 mutable arrays). Built in NumPy by the constructors below, passed to the jitted event loop.
 
 Names follow the reference simulator (`servesim.reference.sim`): its `Request` and `Replica`
@@ -310,21 +312,22 @@ class Span(NamedTuple):
 SPAN_EPOCHS = 32                # joins per span (then joiners wait for the next span)
 
 
-class Step(NamedTuple):
-    """The micro-batch being formed in one scheduling step (reused from step to step)."""
-    req: np.ndarray
-    chunk: np.ndarray
-    pf_cand: np.ndarray         # running partial prefills set aside until the decodes are in
+# The micro-batch being formed in one scheduling step (reused from step to step), one record per member
+step_dtype = np.dtype([
+    ("req", np.int64),
+    ("chunk", np.int64),
+    ("pf_cand", np.int64),          # running partial prefills set aside until the decodes are in
+])
 
-
-class Log(NamedTuple):
-    """Decimated iteration samples."""
-    time: np.ndarray
-    replica: np.ndarray
-    seqs: np.ndarray
-    tokens: np.ndarray
-    kv_blocks: np.ndarray
-    waiting: np.ndarray
+# Decimated iteration samples, one record per sample
+log_dtype = np.dtype([
+    ("time", np.float64),
+    ("replica", np.int64),
+    ("seqs", np.int64),
+    ("tokens", np.int64),
+    ("kv_blocks", np.int64),
+    ("waiting", np.int64),
+])
 
 
 def new_requests(arrival, prompt, output, u1, u2, next_turn):
@@ -388,13 +391,11 @@ def new_span(cfg):
 
 
 def new_step(B):
-    return Step(np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.int64))
+    return np.zeros(B, step_dtype).view(np.recarray)
 
 
 def new_log(size):
-    L = max(size, 2)
-    return Log(np.zeros(L), np.zeros(L, np.int64), np.zeros(L, np.int64), np.zeros(L, np.int64),
-               np.zeros(L, np.int64), np.zeros(L, np.int64))
+    return np.zeros(max(size, 2), log_dtype).view(np.recarray)
 
 
 def new_counters(cfg, n):

@@ -118,5 +118,5 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             break
     stats = run_totals(pool_stats)
     k = int(ctr[LOG_COUNT])
-    samples = tuple(a[:k].copy() for a in log)
+    samples = tuple(np.ascontiguousarray(log[name][:k]) for name in log.dtype.names)
     return StreamEnd(stats, pool_stats, gap_hist, samples, loaded, n_chunks, peak, backlog, cut)
