@@ -21,23 +21,26 @@ import servesim.api as api
 def cost_call_ns(params, calls: int = 1_000_000) -> float:
     from numba import njit
 
+    from servesim.costmodel.features import features
     from servesim.costmodel.fields import table
     from servesim.costmodel.iteration import iteration_components_nb
     p = table(params)
+    fs = features(p)
 
     @njit
-    def loop(p, n):
+    def loop(p, fs, n):
         s = 0.0
         for k in range(n):       # 80 decodes of ~600 tokens of context, the context growing
-            c = iteration_components_nb(p, 0.0, 0.0, 80.0, 0.0, 0.0, 80.0, 48_000.0 + 80.0 * (k % 500))
+            c = iteration_components_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, 0.0, 0.0, 80.0, 0.0, 0.0, 80.0,
+                                        48_000.0 + 80.0 * (k % 500))
             s += c.latency + c.flops + c.nbytes
         return s
 
-    loop(p, 10)
+    loop(p, fs, 10)
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
-        loop(p, calls)
+        loop(p, fs, calls)
         best = min(best, (time.perf_counter() - t0) / calls * 1e9)
     return best
 

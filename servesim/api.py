@@ -476,7 +476,7 @@ def speculative_summary(spec, stats) -> dict:
 # run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, and the
 # flow between events (session turns, prefill/decode transfers). The number of pools is not: their cost
 # tables are the rows of one array (engine/kernel.py `cost_inputs`).
-WARMUP_RUNS = {
+_ENGINE_FEATURES = {
     "one pool": dict(),
     "prefix cache": dict(num_system_prompts=2, users_per_system_prompt=5, system_prompt_len=100),
     "sessions": dict(workload="sessions", prefix_caching=False),
@@ -485,6 +485,10 @@ WARMUP_RUNS = {
                                  layerwise_transfer=True),
     "speculative decoding": dict(speculative="eagle:k=2:acceptance=0.7"),
 }
+# ... each with both shapes of the step cost (costmodel/features.py): the default dense model compiles
+# the plain one; the full one, which any MoE, MLA, EP or weight-only run compiles, by the same model in int4
+WARMUP_RUNS = {name + suffix: opts | shape for name, opts in _ENGINE_FEATURES.items()
+               for suffix, shape in (("", {}), (", MoE/MLA/EP/int4", {"dtype": "int4"}))}
 
 
 def warmup(runs=None, each=None) -> dict:

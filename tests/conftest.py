@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 # a run that uses the prefix cache or the flow of turns/transfers compiles the kernel with both: one
-# specialisation for the suite instead of three (engine/kernel.py; the pruned ones: test_golden, slow)
+# specialisation for the suite instead of three (engine/kernel.py; the pruned ones: test_golden, slow);
+# and every run the full step cost (costmodel/features.py; the plain one: test_cost_features)
 os.environ.setdefault("SERVESIM_KERNEL_UNION", "1")
 
 from servesim.config import load_hardware, load_model  # noqa: E402

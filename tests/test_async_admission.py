@@ -9,7 +9,7 @@ import pytest
 from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
 from servesim.costmodel.fields import table
-from servesim.costmodel.iteration import iteration_components_nb
+from servesim.costmodel.iteration import iteration_components
 from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
 from servesim.engine.run import run
 from servesim.reference.sim import reference_run
@@ -34,9 +34,9 @@ def test_a_request_arriving_during_a_step_waits_one_step_more(rc):
     one after, at P + 3D (both kernel and reference)."""
     for overlap, steps in ((0.0, 2), (1.0, 3)):
         p = rc.params._replace(host_overlap=overlap)
-        P = iteration_components_nb(table(p), 64.0, 1.0, 1.0, 64 * 65 / 2.0, 64.0, 0.0, 0.0).latency
+        P = iteration_components(table(p), 64.0, 1.0, 1.0, 64 * 65 / 2.0, 64.0, 0.0, 0.0).latency
         def D(ctx):   # a decode step of A alone over ctx cached tokens
-            return iteration_components_nb(table(p), 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx).latency
+            return iteration_components(table(p), 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx).latency
         # A's context grows by a token a step (its KV read grows with it)
         start = P + sum(D(65.0 + i) for i in range(steps))
         out, ref = _run(rc, overlap, [0.0, P + D(65.0) + 0.5 * D(66.0)], [64, 64], [50, 5])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from servesim.costmodel.fields import table
-from servesim.costmodel.iteration import iteration_components_nb
+from servesim.costmodel.iteration import iteration_components
 from servesim.engine import codes as C
 from servesim.engine.kernel import simulate_pools
 from servesim.engine.lower import EngineOptions, engine_config, no_chains, router_draws
@@ -58,8 +58,8 @@ def run(rc, cfg, pl, arrival, prompt, output, chains=None):
 def prefill_latency(rc, prompt, done=0):
     """One iteration running the whole (remaining) prompt of one request, sampling its first token."""
     c = prompt - done
-    return iteration_components_nb(table(rc.params), float(c), 1.0, 1.0, c * (done + (c + 1) / 2), float(done + c),
-                                   0.0, 0.0).latency
+    return iteration_components(table(rc.params), float(c), 1.0, 1.0, c * (done + (c + 1) / 2), float(done + c),
+                                0.0, 0.0).latency
 
 
 def test_one_request_ttft_is_prefill_plus_transfer(rc):
@@ -119,7 +119,7 @@ def test_nine_pools_run_the_kernel_compiled_for_one_each_priced_by_its_own_row(r
     assert list(out.replica) == list(range(n))
     assert one.first_token[0] == out.first_token[0]
     for k, p in enumerate(ps):
-        want = iteration_components_nb(table(p), 400.0, 1.0, 1.0, 400 * 401 / 2, 400.0, 0.0, 0.0).latency
+        want = iteration_components(table(p), 400.0, 1.0, 1.0, 400 * 401 / 2, 400.0, 0.0, 0.0).latency
         assert out.first_token[k] == want, k
     assert out.first_token[2] == out.first_token[0]      # the truncated tables' direct pricing is the same
     assert out.first_token[1] != out.first_token[0]

@@ -13,7 +13,7 @@ from servesim.config import load_hardware, load_model
 from servesim.config.engine import list_engines, load_engine, with_fit_for
 from servesim.costmodel import Batch, Layout, build_replica
 from servesim.costmodel.fields import table
-from servesim.costmodel.iteration import graph_tokens_nb, iteration_components_nb
+from servesim.costmodel.iteration import graph_tokens_nb, iteration_components
 from servesim.engine import codes as C
 from servesim.errors import ConfigError
 
@@ -65,8 +65,8 @@ def test_full_graph_pays_one_launch_eager_pays_every_kernel():
                           step_gpu_s=0.0)
     rc = build_replica(m, hw, Layout(), max_seqs=4, engine=slow_host)   # captures up to 8 tokens
     p = rc.params
-    small = iteration_components_nb(table(p), 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4000.0)   # 4 decodes: full graph
-    big = iteration_components_nb(table(p), 0.0, 0.0, 9.0, 0.0, 0.0, 9.0, 9000.0)     # 9 decodes: eager
+    small = iteration_components(table(p), 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4000.0)   # 4 decodes: full graph
+    big = iteration_components(table(p), 0.0, 0.0, 9.0, 0.0, 0.0, 9.0, 9000.0)     # 9 decodes: eager
     def body(c):
         return c.gemm + c.attention + c.elementwise + c.communication
     assert small.latency == pytest.approx(max(body(small), 1e-3))

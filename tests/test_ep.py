@@ -10,8 +10,9 @@ from servesim.config import load_hardware, load_model
 from servesim.config.engine import load_engine
 from servesim.costmodel import Layout, build_replica, lower
 from servesim.costmodel import ep as E
+from servesim.costmodel.features import FULL
 from servesim.costmodel.fields import table
-from servesim.costmodel.iteration import (alltoall_layer_nb, iteration_components_nb, moe_parts_nb,
+from servesim.costmodel.iteration import (alltoall_layer_nb, iteration_components, moe_parts_nb,
                                           routed_experts_nb)
 from servesim.costmodel.kernels import moe_experts_time_nb
 from servesim.costmodel.memory import weight_bytes_per_gpu
@@ -119,16 +120,16 @@ def test_no_alltoall_without_dp_attention():
 def test_dp_attention_prices_each_rank_on_its_share():
     wide = replica(tp=1, dp=8, ep=8).params
     one = params()
-    a8 = iteration_components_nb(table(wide), 0.0, 0.0, 64.0, 0.0, 0.0, 64.0, 64.0 * 2048)
-    a1 = iteration_components_nb(table(one), 0.0, 0.0, 8.0, 0.0, 0.0, 8.0, 8.0 * 2048)
+    a8 = iteration_components(table(wide), 0.0, 0.0, 64.0, 0.0, 0.0, 64.0, 64.0 * 2048)
+    a1 = iteration_components(table(one), 0.0, 0.0, 8.0, 0.0, 0.0, 8.0, 8.0 * 2048)
     # 64 decodes over 8 ranks: each rank's attention is that of 8 decodes on one GPU
     assert a8.attention == pytest.approx(a1.attention, rel=1e-12)
     # ... and its MoE layers route all 64 tokens: the slowest rank's pairs at T = 8 ranks x 8
     a, t = E.rank_load_nb(64.0, 256.0, 8.0, 8.0, wide.skew_grid, wide.skew_pairs, wide.skew_touched)
     assert a > 64.0 * 8 / 8
     # a ragged split: 65 decodes put 9 on the busiest rank
-    a9 = iteration_components_nb(table(wide), 0.0, 0.0, 65.0, 0.0, 0.0, 65.0, 65.0 * 2048)
-    r9 = iteration_components_nb(table(wide), 0.0, 0.0, 72.0, 0.0, 0.0, 72.0, 72.0 * 2048)
+    a9 = iteration_components(table(wide), 0.0, 0.0, 65.0, 0.0, 0.0, 65.0, 65.0 * 2048)
+    r9 = iteration_components(table(wide), 0.0, 0.0, 72.0, 0.0, 0.0, 72.0, 72.0 * 2048)
     assert a9.attention == pytest.approx(r9.attention, rel=1e-12)
 
 
@@ -142,7 +143,7 @@ def test_slowest_rank_experts_by_hand_balanced():
                                p.sms, p.g16_max, p.g_hbm, p.g_tile_k, p.moe_eff, p.moe_latency, p.moe_pair,
                                0.0, 0.0, p.moe_ridge, 0.0, p.moe_stream)
     assert p.exp_inter == 2048.0 and p.moe_tile_keys.size == 0     # fp8: no tuned Triton tiles
-    assert routed_experts_nb(table(p), tokens) == pytest.approx(want, rel=1e-12)
+    assert routed_experts_nb(table(p), FULL.ep, tokens) == pytest.approx(want, rel=1e-12)
 
 
 def _experts_by_hand(p, tokens):
@@ -171,14 +172,14 @@ def test_lone_prefill_on_dp_attention_routes_only_its_own_tokens():
     c = 2048.0
     one = (c, 1.0, 1.0, c * (c + 1) / 2, c, 0.0, 0.0)
     eight = (8 * c, 8.0, 8.0, 8 * c * (c + 1) / 2, 8 * c, 0.0, 0.0)
-    e1, a1 = moe_parts_nb(table(p), c, 1.0, 0.0)
-    e8, a8 = moe_parts_nb(table(p), 8 * c, 8.0, 0.0)
+    e1, a1 = moe_parts_nb(table(p), FULL.ep, c, 1.0, 0.0)
+    e8, a8 = moe_parts_nb(table(p), FULL.ep, 8 * c, 8.0, 0.0)
     assert e1 == pytest.approx(_experts_by_hand(p, c), rel=1e-12)
     assert a1 == pytest.approx(_a2a_by_hand(p, c, c), rel=1e-12)
     # D x k sequences evenly: as the even split priced it, every rank's m tokens routed, m x D
     assert e8 == pytest.approx(_experts_by_hand(p, 8 * c), rel=1e-12)
     assert a8 == pytest.approx(_a2a_by_hand(p, c, 8 * c), rel=1e-12)
-    r1, r8 = iteration_components_nb(table(p), *one), iteration_components_nb(table(p), *eight)
+    r1, r8 = iteration_components(table(p), *one), iteration_components(table(p), *eight)
     assert r1.attention == r8.attention                          # the busiest rank holds one chunk either way
     assert r1.gemm - e1 == pytest.approx(r8.gemm - e8, rel=1e-12)
     assert r1.communication == pytest.approx(a1, rel=1e-12)      # TP 1: the all-to-all alone
@@ -192,17 +193,17 @@ def test_dp_attention_ranks_hold_whole_sequences():
     wide = replica(tp=1, dp=8, ep=8, skew=0.0).params
     one = params()
     # 1 chunk of 1,024 + 64 decodes: the busiest rank runs the whole chunk and 8 decodes
-    mixed = iteration_components_nb(table(wide), 1024.0, 1.0, 65.0, 1024 * 1025 / 2, 1024.0, 64.0, 64 * 2048.0)
-    own = iteration_components_nb(table(one), 1024.0, 1.0, 9.0, 1024 * 1025 / 2, 1024.0, 8.0, 8 * 2048.0)
+    mixed = iteration_components(table(wide), 1024.0, 1.0, 65.0, 1024 * 1025 / 2, 1024.0, 64.0, 64 * 2048.0)
+    own = iteration_components(table(one), 1024.0, 1.0, 9.0, 1024 * 1025 / 2, 1024.0, 8.0, 8 * 2048.0)
     assert mixed.attention == pytest.approx(own.attention, rel=1e-12)
-    e, _ = moe_parts_nb(table(wide), 1024.0, 1.0, 64.0)
+    e, _ = moe_parts_nb(table(wide), FULL.ep, 1024.0, 1.0, 64.0)
     assert e == pytest.approx(_experts_by_hand(wide, 1024.0 + 64.0), rel=1e-12)
     # 9 decodes: 2 on the busiest rank, 9 tokens routed (not 2 x 8)
-    e9, a9 = moe_parts_nb(table(wide), 0.0, 0.0, 9.0)
+    e9, a9 = moe_parts_nb(table(wide), FULL.ep, 0.0, 0.0, 9.0)
     assert e9 == pytest.approx(_experts_by_hand(wide, 9.0), rel=1e-12)
     assert a9 == pytest.approx(_a2a_by_hand(wide, 2.0, 9.0), rel=1e-12)
-    d9 = iteration_components_nb(table(wide), 0.0, 0.0, 9.0, 0.0, 0.0, 9.0, 9 * 2048.0)
-    d2 = iteration_components_nb(table(one), 0.0, 0.0, 2.0, 0.0, 0.0, 2.0, 2 * 2048.0)
+    d9 = iteration_components(table(wide), 0.0, 0.0, 9.0, 0.0, 0.0, 9.0, 9 * 2048.0)
+    d2 = iteration_components(table(one), 0.0, 0.0, 2.0, 0.0, 0.0, 2.0, 2 * 2048.0)
     assert d9.attention == pytest.approx(d2.attention, rel=1e-12)
 
 
@@ -243,8 +244,8 @@ def test_kv_capacity_counts_every_dp_rank():
 
 def test_where_the_time_goes_adds_up():
     p = replica(tp=1, dp=8, ep=8).params
-    experts, a2a = moe_parts_nb(table(p), 0.0, 0.0, 256.0)
-    c = iteration_components_nb(table(p), 0.0, 0.0, 256.0, 0.0, 0.0, 256.0, 256.0 * 2048)
+    experts, a2a = moe_parts_nb(table(p), FULL.ep, 0.0, 0.0, 256.0)
+    c = iteration_components(table(p), 0.0, 0.0, 256.0, 0.0, 0.0, 256.0, 256.0 * 2048)
     assert 0 < experts < c.gemm
     assert a2a > 0 and a2a == pytest.approx(c.communication, rel=1e-12)   # TP 1: no all-reduce besides
 

@@ -11,6 +11,7 @@ from servesim.calibrate import mla_fit
 from servesim.config import load_hardware, load_model
 from servesim.config.engine import MLA_FIT_KEYS, load_engine, provenance
 from servesim.costmodel import Layout, lower
+from servesim.costmodel.features import FULL
 from servesim.costmodel.fields import table
 from servesim.costmodel.iteration import attention_nb
 from servesim.costmodel.kernels import MLA_HEAD_TILE, mla_decode_time_nb, mla_prefill_time_nb, prefill_attention_compute_nb
@@ -69,15 +70,16 @@ def test_step_prices_decodes_absorbed_and_short_chunks_as_the_faster_kernel():
     p = _params()
     assert p.mla == 1.0 and p.heads == 16.0 and p.kv_elem_bytes == 2.0
     # 32 decodes at 2,048 tokens each
-    assert attention_nb(table(p), 0.0, 0.0, 0.0, 0.0, 32.0, 32 * 2048.0) == pytest.approx(_decode(p, 32.0, 1.0, 32 * 2048.0))
+    assert attention_nb(table(p), FULL.mla, 0.0, 0.0, 0.0, 0.0, 32.0, 32 * 2048.0) == pytest.approx(
+        _decode(p, 32.0, 1.0, 32 * 2048.0))
     # 8 verifications of 4 tokens over 4,096 cached: the absorbed kernel, 4 query rows each
     tok, n, kv = 32.0, 8.0, 8 * (4096.0 + 4)
-    a = attention_nb(table(p), tok, n, 0.0, kv, 0.0, 0.0)
+    a = attention_nb(table(p), FULL.mla, tok, n, 0.0, kv, 0.0, 0.0)
     pf = mla_prefill_time_nb(n, 4.0, 4096.0, 16.0, 192.0, 128.0, 1152.0, p.attn_peak, p.hbm_bw, p.sms, p.attn_pf_max,
                              p.attn_pf_hbm, p.attn_pf_block, p.attn_pf_latency)
     assert a == pytest.approx(_decode(p, n, 4.0, kv)) and a < pf
     # one 2,048-token prompt: the prefill kernel
-    a = attention_nb(table(p), 2048.0, 1.0, 0.0, 2048.0, 0.0, 0.0)
+    a = attention_nb(table(p), FULL.mla, 2048.0, 1.0, 0.0, 2048.0, 0.0, 0.0)
     pf = mla_prefill_time_nb(1.0, 2048.0, 0.0, 16.0, 192.0, 128.0, 1152.0, p.attn_peak, p.hbm_bw, p.sms, p.attn_pf_max,
                              p.attn_pf_hbm, p.attn_pf_block, p.attn_pf_latency)
     assert a == pytest.approx(pf) and a < _decode(p, 1.0, 2048.0, 2048.0)

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from servesim.costmodel.fields import table
-from servesim.costmodel.iteration import iteration_components_nb
+from servesim.costmodel.iteration import iteration_components
 from servesim.engine import kernel as K
 
 
 def _prefill(p, c):
     """(latency, interval) of one micro-batch holding one whole c-token prompt, as the kernel prices it."""
-    r = iteration_components_nb(table(p), float(c), 1.0, 1.0, c * (c + 1.0) / 2.0, float(c), 0.0, 0.0)
+    r = iteration_components(table(p), float(c), 1.0, 1.0, c * (c + 1.0) / 2.0, float(c), 0.0, 0.0)
     return r.latency, r.interval
 
 

@@ -25,9 +25,9 @@ def _params(hardware, tp, **kw):
 
 
 def _interval(p, tokens, n_pf, pairs, kv_pf, n_dec, kv_dec):
-    from servesim.costmodel.iteration import iteration_components_nb
-    return iteration_components_nb(table(p), float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
-                                   float(n_dec), float(kv_dec))
+    from servesim.costmodel.iteration import iteration_components
+    return iteration_components(table(p), float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
+                                float(n_dec), float(kv_dec))
 
 
 def test_capacity_bounds_are_the_hand_computation_from_the_cost_model():

@@ -10,7 +10,7 @@ from servesim.costmodel.fields import table
 import servesim
 from servesim.config import load_hardware, load_model
 from servesim.costmodel import Layout, build_replica
-from servesim.costmodel.iteration import iteration_components_nb
+from servesim.costmodel.iteration import iteration_components
 from servesim.engine import codes as C
 from servesim.engine.lower import EngineOptions, engine_config, one_pool_inputs
 from servesim.engine.run import run
@@ -26,7 +26,7 @@ def rc():
 
 def prefill_time(params, isl: int) -> float:
     """Latency of one iteration that prefills a whole `isl`-token prompt and samples one token."""
-    return iteration_components_nb(table(params), float(isl), 1.0, 1.0, isl * (isl + 1) / 2.0, float(isl), 0.0, 0.0).latency
+    return iteration_components(table(params), float(isl), 1.0, 1.0, isl * (isl + 1) / 2.0, float(isl), 0.0, 0.0).latency
 
 
 def lindley(arrival, service):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from servesim.costmodel.fields import table
 import servesim.api as api
 from servesim.checks import sim_config
-from servesim.costmodel.iteration import iteration_components_nb
+from servesim.costmodel.iteration import iteration_components
 from servesim.engine import codes as C
 from servesim.engine import state as S
 from servesim.engine.lower import EngineOptions, engine_config, engine_options, one_pool_inputs
@@ -79,12 +79,12 @@ def run(rc, cfg, pools, arrival, prompt, output, chains=None, ps=None):
 
 def prefill_cost(p, c, ctx=0):
     """One micro-batch of one prompt chunk of c tokens over ctx cached ones that finishes the prompt."""
-    return iteration_components_nb(table(p), float(c), 1.0, 1.0, c * (ctx + (c + 1.0) / 2.0), float(ctx + c), 0.0, 0.0)
+    return iteration_components(table(p), float(c), 1.0, 1.0, c * (ctx + (c + 1.0) / 2.0), float(ctx + c), 0.0, 0.0)
 
 
 def decode_cost(p, ctx):
     """One micro-batch of one decode whose KV holds ctx tokens."""
-    return iteration_components_nb(table(p), 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx + 1.0)
+    return iteration_components(table(p), 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, ctx + 1.0)
 
 
 PD = [dict(role=C.PREFILL), dict(role=C.DECODE)]

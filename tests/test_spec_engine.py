@@ -48,10 +48,10 @@ def test_batch_one_tpot_is_step_time_over_expected_tokens():
 def test_time_shares_of_a_lone_request():
     # a lone request's busy time is its 1000-token prefill and ~999 / E speculative steps, each the draft
     # (draft_s) then the verification (verify_s): the shares follow from the cost model's step by hand
-    from servesim.costmodel.iteration import iteration_components_nb
+    from servesim.costmodel.iteration import iteration_components
     from servesim.render import summary_table
     s, rc, step = _lone()
-    prefill = iteration_components_nb(table(rc.params), 1000.0, 1.0, 1.0, 1000 * 1001 / 2, 1000.0, 0.0, 0.0).latency
+    prefill = iteration_components(table(rc.params), 1000.0, 1.0, 1.0, 1000 * 1001 / 2, 1000.0, 0.0, 0.0).latency
     decode = 999 / step["expected_tokens"] * step["step_s"]
     sp = s["speculative"]
     assert sp["draft_time_share"] / sp["verify_time_share"] == pytest.approx(step["draft_s"] / step["verify_s"], rel=0.02)

@@ -10,7 +10,7 @@ from servesim.config import load_hardware, load_model
 from servesim.config.engine import load_engine
 from servesim.costmodel import Layout, build_replica
 from servesim.costmodel import speculative as S
-from servesim.costmodel.iteration import iteration_components_nb
+from servesim.costmodel.iteration import iteration_components
 from servesim.errors import ConfigError, InfeasibleError
 
 
@@ -83,17 +83,17 @@ def test_step_parts_by_hand():
     out = S.price_step(rc, spec, 4, 1000, d)
     # verification: 4 chunks of K + 1 = 4 tokens after 1000 cached, all 16 positions sampled; vLLM runs a
     # draft model without async scheduling, so the host work does not overlap the step
-    v = iteration_components_nb(table(rc.params._replace(host_overlap=0.0)), 16.0, 4.0, 16.0, 4 * 4 * (1000 + 2.5),
-                                4 * 1004.0, 0.0, 0.0).latency
+    v = iteration_components(table(rc.params._replace(host_overlap=0.0)), 16.0, 4.0, 16.0, 4 * 4 * (1000 + 2.5),
+                             4 * 1004.0, 0.0, 0.0).latency
     assert out["verify_s"] == v
     draft = 0.0
     for i in range(3):
-        r = iteration_components_nb(table(d.params), 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4.0 * (1001 + i))
+        r = iteration_components(table(d.params), 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4.0 * (1001 + i))
         draft += r.gemm + r.attention + r.elementwise + r.communication
     assert out["draft_s"] == pytest.approx(draft, rel=1e-12)
     assert out["expected_tokens"] == pytest.approx((1 - 0.7 ** 4) / 0.3)
     assert out["per_token_s"] == pytest.approx((draft + v) / out["expected_tokens"], rel=1e-12)
-    plain = iteration_components_nb(table(rc.params), 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4000.0).latency
+    plain = iteration_components(table(rc.params), 0.0, 0.0, 4.0, 0.0, 0.0, 4.0, 4000.0).latency
     assert out["plain_step_s"] == plain
 
 
@@ -152,7 +152,7 @@ def test_vllm_runs_the_host_between_steps_with_ngram_and_draft():
     v_e = S.price_step(rc, eagle, n, 1024)["verify_s"]
     v_n = S.price_step(rc, ngram, n, 1024)["verify_s"]
     host = fit.host_step_s + fit.host_per_seq_s * n
-    busy = iteration_components_nb(table(rc.params), *S.verify_aggregates(float(n), 1024.0, 3))
+    busy = iteration_components(table(rc.params), *S.verify_aggregates(float(n), 1024.0, 3))
     assert busy.latency - busy.overhead > host          # the GPU step hides the host work when overlapped
     assert v_n - v_e == pytest.approx(host, rel=1e-9)
 

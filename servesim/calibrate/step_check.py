@@ -43,6 +43,7 @@ from servesim.calibrate import engine_kernels as ek
 from servesim.config import load_hardware, load_model
 from servesim.config.engine import load_engine, with_fit
 from servesim.costmodel import kernels as kn
+from servesim.costmodel.features import features
 from servesim.costmodel.fields import table
 from servesim.costmodel.iteration import _gemm16_nb, _gemms_nb, allreduce_nb, attention_nb, graph_tokens_nb
 from servesim.costmodel.memory import weight_bytes_per_gpu
@@ -224,6 +225,7 @@ def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) 
     ``elementwise`` (model only) and ``overlap_s`` (what the fitted graph_overlap takes off)."""
     p = _lowered(model, hw, tp, engine)
     pt = table(p)       # the jitted cost functions take the packed table (costmodel/fields.py)
+    fs = features(pt)   # ... and the markers of its optional parts (costmodel/features.py)
     tokens = step.decodes + step.chunk
     n_pf = 1.0 if step.chunk else 0.0
     n_logit = step.decodes + n_pf
@@ -236,9 +238,10 @@ def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) 
     t = tables
 
     # GEMMs: linear layers at the padded m, LM head on the sampled rows
-    g_model = layers * _gemms_nb(pt, m, p.attn_k, p.attn_n) + p.n_dense_layers * _gemms_nb(pt, m, p.mlp_k, p.mlp_n)
+    g_model = (layers * _gemms_nb(pt, fs.wo, m, p.attn_k, p.attn_n)
+               + p.n_dense_layers * _gemms_nb(pt, fs.wo, m, p.mlp_k, p.mlp_n))
     if p.n_moe_layers > 0.0:
-        g_model += p.n_moe_layers * (_gemms_nb(pt, m, p.sh_k, p.sh_n) + _gemm16_nb(pt, m, p.hidden, p.router_n))
+        g_model += p.n_moe_layers * (_gemms_nb(pt, fs.wo, m, p.sh_k, p.sh_n) + _gemm16_nb(pt, m, p.hidden, p.router_n))
     g_model += _gemm16_nb(pt, n_logit, p.hidden, p.vocab_gpu)
     if t is not None:
         g_table = sum(c * t.gemm_time(m, n, k) for k, n, c in _gemm_shapes(p))
@@ -264,7 +267,7 @@ def step_classes(model, hw, tp: int, step: Step, engine, tables: Tables | None) 
     # attention on the real sequences
     kv_dec = float(step.decodes * step.context)
     pairs_pf = step.chunk * (step.chunk + 1) / 2.0
-    a_model = layers * attention_nb(pt, float(step.chunk), n_pf, pairs_pf, float(step.chunk),
+    a_model = layers * attention_nb(pt, fs.mla, float(step.chunk), n_pf, pairs_pf, float(step.chunk),
                                     float(step.decodes), kv_dec)
     if t is None or p.mla > 0.0:
         a_table = nan

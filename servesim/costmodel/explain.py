@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .fields import table
-from .iteration import iteration_components_nb
+from .iteration import iteration_components
 from .kernels import gemm_ridge_tokens_nb
 
 
@@ -45,7 +45,7 @@ class Breakdown:
 
 def breakdown(params, batch: Batch) -> Breakdown:
     agg = batch.aggregates()
-    cost = iteration_components_nb(table(params), *agg)
+    cost = iteration_components(table(params), *agg)
     gemm, attn, elem, comm, over = cost.gemm, cost.attention, cost.elementwise, cost.communication, cost.overhead
     tokens = agg[0] + agg[5]
     p = params

@@ -33,7 +33,9 @@ kernels and all-reduces -- is tabulated per token count when the replica is lowe
 
 Every function here takes the replica's cost parameters as one float64 array ``p``, the table of
 `fields.py` (``p[F.hidden]``, ``array_nb(p, F.attn_k)``); Python callers pack a CostParams with
-``fields.table`` once per configuration.
+``fields.table`` once per configuration. The functions that branch into an optional part of the model
+also take its marker (``moe``, ``ep``, ``mla``, ``wo``: None, and that part is not compiled; see
+`features.py`); Python callers use `iteration_components`, which passes the table's own shape.
 """
 from __future__ import annotations
 
@@ -48,15 +50,16 @@ from .kernels import (decode_attention_time_nb, engine_allreduce_time_nb, gemm_b
                       prefill_attention_time_nb, weight_only_gemm_time_nb)
 from . import fields as F
 from .ep import busiest_share_nb, dispatch_combine_nb, masked_pairs_time_nb, rank_load_of_nb, wide_ep_nb
+from .features import features
 from .fields import array_nb
 from .moe_tiles import pick_tile_nb
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
 
 
 @njit(cache=True)
-def _gemm_nb(p, m, k, n):
+def _gemm_nb(p, wo, m, k, n):
     """One GEMM at the weight dtype (weight-only: dequantising at the 16-bit peak)."""
-    if p[F.g_wo] > 0.0:
+    if wo is not None and p[F.g_wo] > 0.0:
         return weight_only_gemm_time_nb(m, k, n, p[F.w_bytes], p[F.peak], p[F.hbm_bw], p[F.sms], p[F.g_max],
                                         p[F.g_hbm], p[F.g_latency], p[F.g_splitk], p[F.g_tile_k], p[F.g_mem_latency])
     return gemm_time_nb(m, k, n, p[F.w_bytes], p[F.a_bytes], p[F.peak], p[F.hbm_bw], p[F.sms], p[F.g_max], p[F.g_hbm],
@@ -72,10 +75,10 @@ def _gemm16_nb(p, m, k, n):
 
 
 @njit(cache=True)
-def _gemms_nb(p, m, ks, ns):
+def _gemms_nb(p, wo, m, ks, ns):
     t = 0.0
     for i in range(ks.shape[0]):
-        t += _gemm_nb(p, m, ks[i], ns[i])
+        t += _gemm_nb(p, wo, m, ks[i], ns[i])
     return t
 
 
@@ -89,21 +92,16 @@ def expected_experts_nb(tokens, experts, top_k):
 
 
 @njit(cache=True)
-def _tile_nb(p, tokens):
-    """The fused-MoE kernel's tile for ``tokens`` (moe_tiles.pick_tile_nb over the table's tiles)."""
-    return pick_tile_nb(array_nb(p, F.moe_tile_keys), array_nb(p, F.moe_tile_m), array_nb(p, F.moe_tile_n),
-                        array_nb(p, F.moe_tile_k), tokens)
-
-
-@njit(cache=True)
-def routed_experts_nb(p, tokens):
+def routed_experts_nb(p, ep, tokens):
     """The routed experts of one MoE layer on the slowest GPU for the ``tokens`` the layer routes (the
     step's tokens; with DP attention every rank's together): without EP the fused MoE over the experts
     the batch touches (uniform routing); with EP the slowest EP rank's pairs and touched experts
-    (costmodel/ep.py), plus the remote pairs a masked kernel walks."""
-    if p[F.ep] <= 1.0:
+    (costmodel/ep.py), plus the remote pairs a masked kernel walks. The fused-MoE kernel's tile for
+    ``tokens``: moe_tiles.pick_tile_nb over the table's tiles."""
+    tile_m, tile_n, tile_k = pick_tile_nb(array_nb(p, F.moe_tile_keys), array_nb(p, F.moe_tile_m),
+                                          array_nb(p, F.moe_tile_n), array_nb(p, F.moe_tile_k), tokens)
+    if ep is None or p[F.ep] <= 1.0:
         pairs = tokens * p[F.top_k]
-        tile_m, tile_n, tile_k = _tile_nb(p, tokens)
         return moe_experts_time_nb(pairs, expected_experts_nb(tokens, p[F.experts], p[F.top_k]), pairs, p[F.hidden],
                                    p[F.exp_inter], p[F.gated] > 0.0, p[F.w_bytes], p[F.a_bytes], p[F.peak],
                                    p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm], p[F.g_tile_k], p[F.moe_eff],
@@ -111,7 +109,6 @@ def routed_experts_nb(p, tokens):
                                    p[F.moe_stream])   # (moe_eff: of gemm_max)
     rank, touched = rank_load_of_nb(p, tokens)
     walked = tokens * p[F.top_k] if p[F.ep_masked] > 0.0 else rank
-    tile_m, tile_n, tile_k = _tile_nb(p, tokens)
     t = moe_experts_time_nb(rank, touched, walked, p[F.hidden], p[F.exp_inter], p[F.gated] > 0.0, p[F.w_bytes],
                             p[F.a_bytes], p[F.peak], p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm], p[F.g_tile_k],
                             p[F.moe_eff], p[F.moe_latency], p[F.moe_pair], tile_m, tile_n, p[F.moe_ridge], tile_k,
@@ -130,12 +127,14 @@ def alltoall_layer_nb(p, m, tokens):
 
 
 @njit(cache=True)
-def _moe_nb(p, m):
+def _moe_nb(p, ep, wo, m):
     """One MoE layer on a rank's m tokens: the routed experts (fused MoE over the experts the batch
     touches; with wide EP priced per step on every rank's tokens instead, `_rank_components_nb`),
     shared experts and router."""
-    t = 0.0 if wide_ep_nb(p) else routed_experts_nb(p, m)
-    t += _gemms_nb(p, m, array_nb(p, F.sh_k), array_nb(p, F.sh_n))
+    t = 0.0
+    if ep is None or not wide_ep_nb(p):
+        t = routed_experts_nb(p, ep, m)
+    t += _gemms_nb(p, wo, m, array_nb(p, F.sh_k), array_nb(p, F.sh_n))
     return t + _gemm16_nb(p, m, p[F.hidden], p[F.router_n])
 
 
@@ -148,7 +147,7 @@ def _gemms_bytes_nb(p, m, ks, ns):
 
 
 @njit(cache=True)
-def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
+def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     """HBM bytes one step moves on a whole replica, the bytes the cost above prices: every layer's
     GEMMs at the priced token count ``m`` (weights once, activations in and out: ``gemm_bytes_nb``);
     for a MoE layer the routed experts the batch touches (``expected_experts_nb`` of them, each
@@ -159,8 +158,8 @@ def step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     tokens the MoE layers route (m; with wide EP every DP rank's real tokens)."""
     attn = _gemms_bytes_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
     b = p[F.n_dense_layers] * (attn + _gemms_bytes_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
-    if p[F.n_moe_layers] > 0.0:
-        if p[F.ep] > 1.0:     # the slowest EP rank's experts (every rank counted as it: an upper bound)
+    if moe is not None and p[F.n_moe_layers] > 0.0:
+        if ep is not None and p[F.ep] > 1.0:    # the slowest EP rank's experts (every rank counted as it: an upper bound)
             pairs, touched = rank_load_of_nb(p, moe_tok)
             rows = pairs / touched if touched > 0.0 else 0.0
         else:
@@ -196,13 +195,13 @@ def allreduce_nb(p, m, graphed):
 
 
 @njit(cache=True)
-def layer_costs_nb(p, m, graphed):
+def layer_costs_nb(p, moe, ep, wo, m, graphed):
     """(GEMMs, elementwise, all-reduces) of every layer of one forward over m tokens (with wide EP
     without the routed experts and the all-to-all: they see every DP rank's tokens)."""
-    g_attn = _gemms_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
-    gemm = p[F.n_dense_layers] * (g_attn + _gemms_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
-    if p[F.n_moe_layers] > 0.0:
-        gemm += p[F.n_moe_layers] * (g_attn + _moe_nb(p, m))
+    g_attn = _gemms_nb(p, wo, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
+    gemm = p[F.n_dense_layers] * (g_attn + _gemms_nb(p, wo, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
+    if moe is not None and p[F.n_moe_layers] > 0.0:
+        gemm += p[F.n_moe_layers] * (g_attn + _moe_nb(p, ep, wo, m))
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
     elem = n_layers * (m * p[F.elem_s_tok_layer] + p[F.elem_kernels] * p[F.elem_latency])
     # tensor parallelism: two all-reduces of the hidden state per layer (Shoeybi et al. 2019, sec. 3)
@@ -211,14 +210,14 @@ def layer_costs_nb(p, m, graphed):
 
 
 @njit(cache=True)
-def layer_tables_nb(p, n):
+def layer_tables_nb(p, moe, ep, wo, n):
     """layer_costs_nb for m = 0 .. n - 1 tokens (graphed where the engine captures m)."""
     tg = np.zeros(n)
     te = np.zeros(n)
     tc = np.zeros(n)
     for m in range(1, n):
         graphed = p[F.graph_mode] != GRAPH_NONE and m <= p[F.graph_max]
-        tg[m], te[m], tc[m] = layer_costs_nb(p, float(m), graphed)
+        tg[m], te[m], tc[m] = layer_costs_nb(p, moe, ep, wo, float(m), graphed)
     return tg, te, tc
 
 
@@ -252,11 +251,11 @@ def launches_nb(p, n_pf, n_layers, padded):
 
 
 @njit(cache=True)
-def attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
+def attention_nb(p, mla, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     """Attention of one layer on the real sequences: the prefill chunks (as n_pf chunks of their mean
     length after their mean cached prefix) and the decodes."""
     a = 0.0
-    if p[F.mla] > 0.0:
+    if mla is not None and p[F.mla] > 0.0:
         return mla_attention_nb(p, tp_tok, n_pf, kv_pf, n_dec, kv_dec)
     if tp_tok > 0.0:
         chunk = tp_tok / n_pf
@@ -328,17 +327,24 @@ def rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
 
 
 @njit(cache=True)
-def iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
-    if p[F.attn_dp] > 1.0:
+def iteration_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
+    """The step's `IterationCost` from its batch aggregates (module docstring), on the cost table ``p``
+    compiled for the markers ``moe, ep, mla, wo`` (`features.py`; they must cover ``p``)."""
+    if ep is not None and p[F.attn_dp] > 1.0:
         # DP attention: the busiest rank's own sequences (rank_share_nb); its MoE layers route the
         # step's real tokens, every rank's together (wide EP); FLOPs those of the whole replica,
         # bytes every rank's counted as the busiest's (an upper bound)
         d = p[F.attn_dp]
         a = rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
-        r = _rank_components_nb(p, a[0], a[1], a[2], a[3], a[4], a[5], a[6], tp_tok + n_dec)
+        r = _rank_components_nb(p, moe, ep, mla, wo, a[0], a[1], a[2], a[3], a[4], a[5], a[6], tp_tok + n_dec)
         return IterationCost(r.gemm, r.attention, r.elementwise, r.communication, r.overhead, r.latency, r.interval,
                              flops_nb(p, tp_tok + n_dec, pairs, kv_dec), r.nbytes * d)
-    return _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, 0.0)
+    return _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, 0.0)
+
+
+def iteration_components(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec) -> IterationCost:
+    """`iteration_components_nb` for Python callers: compiled for the shape of the table ``p``."""
+    return iteration_components_nb(p, *features(p), tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
 
 
 @njit(cache=True)
@@ -350,7 +356,7 @@ def flops_nb(p, tokens, pairs, kv_dec):
 
 
 @njit(cache=True)
-def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, moe_tok):
+def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, moe_tok):
     """One step of one (DP attention) rank: its own prefill chunks and decodes; with wide EP its MoE
     layers route ``moe_tok`` tokens, every rank's (the routed experts and all-to-all outside the
     per-token tables)."""
@@ -367,9 +373,9 @@ def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, m
         elem = array_nb(p, F.tab_elem)[mi]
         comm_tp = array_nb(p, F.tab_comm)[mi]
     else:
-        gemm, elem, comm_tp = layer_costs_nb(p, m, padded > 0.0)
-    if wide_ep_nb(p) and p[F.n_moe_layers] > 0.0:
-        gemm += p[F.n_moe_layers] * routed_experts_nb(p, moe_tok)
+        gemm, elem, comm_tp = layer_costs_nb(p, moe, ep, wo, m, padded > 0.0)
+    if ep is not None and wide_ep_nb(p) and p[F.n_moe_layers] > 0.0:
+        gemm += p[F.n_moe_layers] * routed_experts_nb(p, ep, moe_tok)
         comm_tp += p[F.n_moe_layers] * alltoall_layer_nb(p, tokens, moe_tok)
     else:
         moe_tok = m
@@ -379,7 +385,7 @@ def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, m
         comm_tp += p[F.coll_base] + reduce_scatter_time_nb(n_logit * p[F.vocab_gpu] * p[F.tp] * 4.0, p[F.tp],
                                                            p[F.tp_bw], p[F.tp_alpha])
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
-    attn = n_layers * attention_nb(p, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
+    attn = n_layers * attention_nb(p, mla, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
     send = 0.0
     if p[F.pp] > 1.0:
         send = p2p_time_nb(tokens * p[F.hidden] * 2.0, p[F.pp_bw], p[F.pp_alpha], p[F.pp_bw_large], p[F.pp_large_bytes])
@@ -397,21 +403,15 @@ def _rank_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, m
     latency = step + (p[F.pp] - 1.0) * send
     interval = body / p[F.pp] + send + overhead
     flops = flops_nb(p, tokens, pairs, kv_dec)
-    nbytes = step_bytes_nb(p, m, n_logit, tokens, kv_pf, kv_dec, moe_tok)
+    nbytes = step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok)
     return IterationCost(gemm, attn, elem, comm_tp + (p[F.pp] - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
 @njit(cache=True)
-def iteration_time_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
-    """(latency, interval) of one iteration; see iteration_components_nb."""
-    r = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
-    return r.latency, r.interval
-
-
-@njit(cache=True)
-def moe_parts_nb(p, tp_tok, n_pf, n_dec):
+def moe_parts_nb(p, ep, tp_tok, n_pf, n_dec):
     """(routed experts, dispatch + combine) of one step's MoE layers, seconds, inside the gemm and
-    communication of `iteration_components_nb` (the same busiest rank, tokens and CUDA-graph padding)."""
+    communication of `iteration_components_nb` (the same busiest rank, tokens and CUDA-graph padding);
+    ``ep``: the table's marker (`features.py`)."""
     if p[F.n_moe_layers] <= 0.0:
         return 0.0, 0.0
     a = rank_share_nb(p, tp_tok, n_pf, n_pf + n_dec, 0.0, 0.0, n_dec, 0.0)
@@ -420,7 +420,7 @@ def moe_parts_nb(p, tp_tok, n_pf, n_dec):
         return 0.0, 0.0
     if wide_ep_nb(p):
         t = tp_tok + n_dec
-        return p[F.n_moe_layers] * routed_experts_nb(p, t), p[F.n_moe_layers] * alltoall_layer_nb(p, tokens, t)
+        return p[F.n_moe_layers] * routed_experts_nb(p, ep, t), p[F.n_moe_layers] * alltoall_layer_nb(p, tokens, t)
     padded = graph_tokens_nb(array_nb(p, F.graph_sizes), tokens) if p[F.graph_mode] != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
-    return p[F.n_moe_layers] * routed_experts_nb(p, m), 0.0
+    return p[F.n_moe_layers] * routed_experts_nb(p, ep, m), 0.0

@@ -16,6 +16,7 @@ from . import ep as ep_model
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_MODES, GRAPH_NONE, GRAPH_PIECEWISE  # noqa: F401
 from .dtypes import (BYTES, WEIGHT_ONLY_EXTRA_LATENCY_US, activation_bytes, check_dtype, compute_dtype,
                      kv_dtype_resolved, weight_only)
+from .features import features
 from .fields import CostParams, table
 from .moe_tiles import tile_table
 from .memory import GiB, kv_bytes_per_token_layer, kv_heads_per_gpu, weight_bytes_per_gpu, weight_bytes_per_param
@@ -274,5 +275,7 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
     )
     from .iteration import layer_tables_nb
     n_tab = min(max(int(max_tokens), int(max_num_seqs), 1), TABLE_MAX_TOKENS) + 1
-    tg, te, tc = layer_tables_nb(table(p), n_tab)
+    t = table(p)
+    fs = features(t)
+    tg, te, tc = layer_tables_nb(t, fs.moe, fs.ep, fs.wo, n_tab)
     return p._replace(tab_gemm=tg, tab_elem=te, tab_comm=tc)

@@ -39,8 +39,9 @@ from numba import njit
 from ..config.engine import SPECULATIVE_METHODS
 from ..errors import ConfigError, InfeasibleError
 from . import fields as F
+from .features import features
 from .fields import table
-from .iteration import _gemm_nb, iteration_components_nb
+from .iteration import _gemm_nb, iteration_components, iteration_components_nb
 
 METHODS = SPECULATIVE_METHODS
 MTP_ACCEPTANCE = 0.85        # DeepSeek-V3 report, sec. 5.4.3: 85%-90% for the second token
@@ -199,12 +200,13 @@ def verify_aggregates(n: float, ctx: float, k: int):
 
 
 @njit(cache=True)
-def draft_time_nb(dp, target_dp, n, kv, k, proj):
+def draft_time_nb(dp, moe, ep, mla, wo, target_dp, n, kv, k, proj):
     """Drafting ``k`` tokens for ``n`` sequences whose contexts sum to ``kv``: k forwards of the draft
     ``dp`` one after the other (each sequence's context one longer each time), priced as GPU work inside
     the target's step (GEMMs, attention, elementwise, communication; its host time is the step's);
     ``proj`` adds EAGLE's / MTP's 2h -> h projection per forward. A draft without DP attention on a
-    target with ``target_dp`` ranks runs on each rank over its share, ceil(n / ranks)."""
+    target with ``target_dp`` ranks runs on each rank over its share, ceil(n / ranks). ``moe, ep, mla,
+    wo``: the markers the step cost is compiled for (`features.py`; they must cover ``dp``)."""
     if n <= 0.0 or k <= 0:
         return 0.0
     m = n
@@ -214,10 +216,10 @@ def draft_time_nb(dp, target_dp, n, kv, k, proj):
         kvm = kv * m / n
     t = 0.0
     for i in range(k):
-        r = iteration_components_nb(dp, 0.0, 0.0, m, 0.0, 0.0, m, kvm + m * i)
+        r = iteration_components_nb(dp, moe, ep, mla, wo, 0.0, 0.0, m, 0.0, 0.0, m, kvm + m * i)
         t += r.gemm + r.attention + r.elementwise + r.communication
         if proj > 0:
-            t += _gemm_nb(dp, float(math.ceil(m / dp[F.attn_dp])) if dp[F.attn_dp] > 1.0 else m, 2.0 * dp[F.hidden],
+            t += _gemm_nb(dp, wo, float(math.ceil(m / dp[F.attn_dp])) if dp[F.attn_dp] > 1.0 else m, 2.0 * dp[F.hidden],
                           dp[F.hidden])   # on the busiest rank's sequences
     return t
 
@@ -239,12 +241,13 @@ def price_step(rc, spec: Speculative, n: int, ctx: int, draft_rc=None) -> dict:
     if draft_rc is None:
         draft_rc = lower_draft(rc, spec)
     p = table(rc.params)
-    plain = iteration_components_nb(p, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
-    verify = iteration_components_nb(table(host_params(rc, spec)),
-                                     *verify_aggregates(float(n), float(ctx), spec.k)).latency
+    plain = iteration_components(p, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(n * ctx)).latency
+    verify = iteration_components(table(host_params(rc, spec)),
+                                  *verify_aggregates(float(n), float(ctx), spec.k)).latency
     draft = 0.0
     if draft_rc is not None:
-        draft = draft_time_nb(table(draft_rc.params), rc.params.attn_dp, float(n), float(n * (ctx + 1)), spec.k,
+        dt = table(draft_rc.params)
+        draft = draft_time_nb(dt, *features(dt), rc.params.attn_dp, float(n), float(n * (ctx + 1)), spec.k,
                               int(spec.method in ("eagle", "mtp")))
     e = spec.expected_tokens
     return {"method": spec.method, "k": spec.k, "acceptance": spec.acceptance, "delta": spec.delta,

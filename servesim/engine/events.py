@@ -357,7 +357,7 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 
 
 @njit(**HANDLER)    # called, not inlined: 1.5 CPU s less cold compile, same loop speed (README, Speed)
-def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp):
+def schedule_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp):
     """A scheduling decision on replica r: form one micro-batch and launch it (the next iteration of a
     decode span, span.py, when it can be one)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
@@ -379,22 +379,22 @@ def schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, p
                                          spec)
     if nb > 0:
         if spec is not None:
-            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1, 0)
+            launch_nb(ps[pl], fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1, 0)
         else:
-            launch_nb(ps[pl], cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl], kv_span,
-                      sp.row.n[r])
+            launch_nb(ps[pl], fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl],
+                      kv_span, sp.row.n[r])
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span):
+def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it. With
     speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
     (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
     ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
-    KV sums to it, and they are already in the slot."""
+    KV sums to it, and they are already in the slot. ``fs``: the step cost's shape (costmodel/features.py)."""
     pl = rp.row.pool[r]
     PP = pools.row.pp[pl]
     base = r * cfg.pp
@@ -444,10 +444,10 @@ def launch_nb(p, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, 
         n_dec += rp.row.pad_seqs[r]
         kv_dec += rp.row.pad_kv[r]
         n_logit += rp.row.pad_seqs[r]
-    cost = iteration_components_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+    cost = iteration_components_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
     draft = 0.0
     if spec is not None and n_spec > 0.0 and spec.draft > 0:
-        draft = draft_time_nb(dp, p[F.attn_dp], n_spec, kv_spec, spec.k, spec.proj)
+        draft = draft_time_nb(dp, fs.moe, fs.ep, fs.mla, fs.wo, p[F.attn_dp], n_spec, kv_spec, spec.k, spec.proj)
     latency = cost.latency + swap_s + draft
     interval = cost.interval + swap_s + draft
     if spec is not None and n_spec > 0.0:

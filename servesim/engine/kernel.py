@@ -21,6 +21,7 @@ import os
 import numpy as np
 from numba import njit
 
+from ..costmodel.features import FULL, features
 from ..costmodel.fields import tables
 from . import codes as C
 from .events import arrive_nb, complete_nb, schedule_nb, transfer_nb
@@ -46,6 +47,13 @@ def cost_inputs(ps, pools) -> tuple:
         raise ValueError(f"{len(ps)} cost params for {pools.role.shape[0]} pools; give one per pool")
     swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
     return tables(ps), swap
+
+
+def kernel_features(*tabs):
+    """The shape of the step cost the kernel is compiled for (costmodel/features.py): the smallest that
+    prices every table in ``tabs``; FULL under SERVESIM_KERNEL_UNION=1 (the test suite, so that one
+    compiled shape serves every run; a test checks the smaller one gives the same records)."""
+    return FULL if os.environ.get("SERVESIM_KERNEL_UNION") == "1" else features(*tabs)
 
 
 def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None):
@@ -83,8 +91,9 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dtabs = cost_inputs(dps, pools)[0] if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
-    now, _ = run_nb(tabs, swap, cfg, kernel_pools(pools), chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
-                    ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, 0.0, INF)
+    fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
+    now, _ = run_nb(tabs, fs, swap, cfg, kernel_pools(pools), chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs),
+                    log, ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, 0.0, INF)
     end_run_nb(cfg, rq, rp, sp, pool_stats, now)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,
                          prefix)._replace(span_iterations=int(sp.count[0]))
@@ -124,12 +133,13 @@ RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 
 
 @njit(cache=True, _nrt=False)
-def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
-           now, until):
+def run_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps,
+           sp, now, until):
     """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
     event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
     the state as it was, so that a later call with the same state continues exactly; `end_run_nb` ends it.
-    ``ps``, ``dps``: the pools' cost tables and their drafts' (`cost_inputs`; row k pool k's)."""
+    ``ps``, ``dps``: the pools' cost tables and their drafts' (`cost_inputs`; row k pool k's); ``fs``: the
+    step cost's shape, covering both (`kernel_features`)."""
     n = rq.prompt.shape[0]
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
@@ -159,7 +169,7 @@ def run_nb(ps, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, st
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(ps, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
+            schedule_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
                         sp)
     return now, RUN_ENDED
 

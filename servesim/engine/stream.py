@@ -25,7 +25,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from . import codes as C
-from .kernel import RUN_CUT, cost_inputs, end_run_nb, run_nb, run_totals
+from .kernel import RUN_CUT, cost_inputs, end_run_nb, kernel_features, run_nb, run_totals
 from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, kernel_pools, new_counters, new_log,
@@ -77,6 +77,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
         raise ValueError("run_stream runs the plain feature set (mixed pools, open loop, no chains)")
     max_window = MAX_WINDOW if max_window is None else max_window
     tabs, swap = cost_inputs(ps, pools)
+    fs = kernel_features(tabs)
     rp = new_replicas(cfg, pools)
     kp = kernel_pools(pools)
     ctr = new_counters(cfg, 0)
@@ -100,7 +101,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        now, why = run_nb(tabs, swap, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
+        now, why = run_nb(tabs, fs, swap, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
                           pool_stats, prefix, gap_hist, None, None, sp, now, until)
         n_chunks += 1
         cut = why == RUN_CUT

@@ -11,7 +11,7 @@ Search, per role first, then jointly:
    the longest prompt (prefill) or the longest prompt + output (decode), and the no-load latency
    floors must be under the targets (prefill: the q-quantile prompt alone against the TTFT target;
    decode: one batch-1 decode step against the TPOT target), as the co-located plan prunes;
-2. a capacity bound per role, from the cost model (`iteration_components_nb`):
+2. a capacity bound per role, from the cost model (`iteration_components`):
    * prefill: one replica sustains ``k * isl / t(k prompts of isl)`` prompt tokens/s, where isl is
      the workload's mean prompt, ``k = max(1, floor(max_num_batched_tokens / isl))`` the prompts a
      full token budget holds, and t the iteration's interval; the role needs
@@ -64,9 +64,9 @@ def _replica(layout: dict, base):
 
 def _iteration(p, tokens, n_pf, pairs, kv_pf, n_dec, kv_dec):
     """One step on the cost table ``p`` (costmodel/fields.py)."""
-    from ..costmodel.iteration import iteration_components_nb
-    return iteration_components_nb(p, float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs),
-                                   float(kv_pf), float(n_dec), float(kv_dec))
+    from ..costmodel.iteration import iteration_components
+    return iteration_components(p, float(tokens), float(n_pf), float(n_dec + n_pf), float(pairs),
+                                float(kv_pf), float(n_dec), float(kv_dec))
 
 
 def prefill_tokens_per_s(params, isl: float, max_num_batched_tokens: int) -> tuple[float, int]:

@@ -72,7 +72,7 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
     from ..config import load_hardware
     from ..costmodel.dtypes import check_dtype
     from ..costmodel.fields import table
-    from ..costmodel.iteration import iteration_components_nb
+    from ..costmodel.iteration import iteration_components
     if layout.get("dtype", "auto") != "auto":   # a dtype the chip cannot run is a layout to skip, not an error
         try:
             hw = load_hardware(layout["hardware"])
@@ -87,8 +87,8 @@ def layout_bounds(layout: dict, base, prompt, output, slo: dict, margin: float) 
     p = table(rc.params)     # packed once for every step priced below
 
     def t(tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec, interval=True):
-        r = iteration_components_nb(p, float(tp_tok), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
-                                    float(n_dec), float(kv_dec))
+        r = iteration_components(p, float(tp_tok), float(n_pf), float(n_dec + n_pf), float(pairs), float(kv_pf),
+                                 float(n_dec), float(kv_dec))
         return float(r.interval if interval else r.latency)
 
     isl, osl = float(prompt.mean()), float(max(output.mean(), 1.0))

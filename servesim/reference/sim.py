@@ -113,6 +113,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..costmodel.features import features
 from ..costmodel.fields import table
 from ..costmodel.iteration import iteration_components_nb
 from ..costmodel.speculative import draft_time_nb
@@ -355,6 +356,7 @@ class ReferenceSimulator:
         # the cost tables the jitted step cost takes (costmodel/fields.py), packed once per pool
         self.tabs = [table(p) for p in self.ps]
         self.dtabs = [table(p) for p in self.dps]
+        self.fs = features(*self.tabs, *self.dtabs)     # the step cost's shape (costmodel/features.py)
         self.cfg = cfg
         self.pools = pools
         self.u1 = np.asarray(u1, dtype=np.float64)
@@ -1003,10 +1005,11 @@ class ReferenceSimulator:
             n_dec += rep.pad_seqs
             kv_dec += rep.pad_kv
             n_logit += rep.pad_seqs
-        cost = iteration_components_nb(self.tabs[rep.pool], tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
+        cost = iteration_components_nb(self.tabs[rep.pool], *self.fs, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec,
+                                       kv_dec)
         draft = 0.0
         if self.spec is not None and n_spec > 0 and self.spec.draft:
-            draft = draft_time_nb(self.dtabs[rep.pool], self.ps[rep.pool].attn_dp, n_spec, kv_spec, self.spec.k,
+            draft = draft_time_nb(self.dtabs[rep.pool], *self.fs, self.ps[rep.pool].attn_dp, n_spec, kv_spec, self.spec.k,
                                   self.spec.proj)
         latency = cost.latency + step.swap_s + draft
         interval = cost.interval + step.swap_s + draft

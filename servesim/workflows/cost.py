@@ -104,9 +104,11 @@ def cost(model="llama-3.1-8b", hardware="h100-sxm", *, tp=1, pp=1, dtype="bf16",
     d["num_gpus"] = layout.gpus
     if m.moe is not None:
         from ..costmodel import ep as ep_model
+        from ..costmodel.features import features
         from ..costmodel.fields import table
         from ..costmodel.iteration import moe_parts_nb
-        experts, a2a = moe_parts_nb(table(rc.params), float(prefill_tokens), float(len(chunks)), float(decode_seqs))
+        t = table(rc.params)
+        experts, a2a = moe_parts_nb(t, features(t).ep, float(prefill_tokens), float(len(chunks)), float(decode_seqs))
         d["moe"] = {"ep": ep, "attn_dp": attn_dp,
                     "expert_skew": (None if ep == 1 else expert_skew if expert_skew is not None
                                     else ep_model.default_skew(m)),
