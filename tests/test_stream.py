@@ -41,12 +41,29 @@ def _chunked(inp, chunk):
     (dict(replicas=3, router="random"), 40.0, 256, None, 50.0),           # cut by --duration
 ])
 def test_chunked_kernel_equals_one_piece(replica_cost, opts, rate, chunk, blocks, max_time):
+    _check_chunked(replica_cost, opts, rate, chunk, blocks, max_time, 1500)
+
+
+def test_chunked_kernel_short_run(replica_cost):
+    """A short run with preemption, small enough for CI's run with numba's JIT off (coverage)."""
+    full = _check_chunked(replica_cost, dict(replicas=2), 60.0, 40, 300, math.inf, 250)
+    assert full.preemptions.sum() > 0
+
+
+def test_stream_refuses_other_feature_sets(replica_cost):
+    rc = replica_cost()
+    cfg = engine_config(EngineOptions(max_num_seqs=8), rc)._replace(concurrency=4)
+    inp = one_pool_inputs(rc.params, cfg, np.zeros(4), np.full(4, 10), np.full(4, 5), 0)
+    with pytest.raises(ValueError, match="plain feature set"):
+        S.run_stream(inp.ps, cfg, inp.pools, _chunked(inp, 2), lambda r, b: None)
+
+
+def _check_chunked(replica_cost, opts, rate, chunk, blocks, max_time, n):
     rc = replica_cost()
     cfg = engine_config(EngineOptions(max_num_seqs=32, **opts), rc)._replace(max_time=max_time)
     if blocks:
         cfg = cfg._replace(num_blocks=blocks, watermark_blocks=1)
     rng = np.random.default_rng(1)
-    n = 1500
     arrival = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0 / rate, n - 1))))
     inp = one_pool_inputs(rc.params, cfg, arrival, rng.integers(1, 3000, n), rng.integers(1, 400, n), 3)
     full = simulate_pools(*inp)
@@ -61,6 +78,7 @@ def test_chunked_kernel_equals_one_piece(replica_cost, opts, rate, chunk, blocks
     assert np.all(full.status[len(rec):] == C.NOT_ARRIVED)        # cut: the requests never loaded never arrived
     assert np.array_equal(full.stats, end.stats) and np.array_equal(full.gap_hist, end.gap_hist)
     assert np.array_equal(full.log_time, end.log[0]) and np.array_equal(full.log_seqs, end.log[2])
+    return full
 
 
 def test_backlog_stops_the_run(replica_cost):
