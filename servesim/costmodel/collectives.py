@@ -22,7 +22,7 @@ AUTO = 2
 ALGORITHMS = {"ring": RING, "tree": TREE, "auto": AUTO}
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def p2p_time_nb(nbytes, bw, alpha, bw_large, large_bytes):
     """One send of nbytes: alpha + S/bw, or alpha + S/bw_large for S > large_bytes."""
     if nbytes <= 0.0:
@@ -32,21 +32,21 @@ def p2p_time_nb(nbytes, bw, alpha, bw_large, large_bytes):
     return alpha + nbytes / bw
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def ring_allreduce_time_nb(nbytes, n, bw, alpha):
     if n <= 1 or nbytes <= 0.0:
         return 0.0
     return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * nbytes / bw
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def tree_allreduce_time_nb(nbytes, n, bw, alpha):
     if n <= 1 or nbytes <= 0.0:
         return 0.0
     return 2.0 * math.log2(n) * alpha + 2.0 * nbytes / bw
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def allreduce_time_nb(nbytes, n, bw, alpha, algorithm):
     ring = ring_allreduce_time_nb(nbytes, n, bw, alpha)
     if algorithm == RING:
@@ -57,7 +57,7 @@ def allreduce_time_nb(nbytes, n, bw, alpha, algorithm):
     return min(ring, tree)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def reduce_scatter_time_nb(nbytes, n, bw, alpha):
     """Ring reduce-scatter (or all-gather) of a buffer of nbytes total: (n-1)*alpha + (n-1)/n * S/B."""
     if n <= 1 or nbytes <= 0.0:

@@ -35,7 +35,9 @@ Every function here takes the replica's cost parameters as one float64 array ``p
 `fields.py` (``p[F.hidden]``, ``array_nb(p, F.attn_k)``); Python callers pack a CostParams with
 ``fields.table`` once per configuration. The functions that branch into an optional part of the model
 also take its marker (``moe``, ``ep``, ``mla``, ``wo``: None, and that part is not compiled; see
-`features.py`); Python callers use `iteration_components`, which passes the table's own shape.
+`features.py`); Python callers use `iteration_components`, which passes the table's own shape. Small
+helpers with one call site in the step cost are IR-inlined there (``inline="always"``), here and in
+`kernels.py` and `collectives.py`: each would otherwise be a compile unit of its own (~50 ms cold).
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def _gemm_nb(p, wo, m, k, n):
                         p[F.g_mem_latency]) + m * k * p[F.g_quant]   # (W8A8: quantise X)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _gemm16_nb(p, m, k, n):
     """One 16-bit GEMM (LM head, MoE router: kept unquantised, as vLLM and TensorRT-LLM do)."""
     return gemm_time_nb(m, k, n, 2.0, 2.0, p[F.attn_peak], p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm],
@@ -178,7 +180,7 @@ def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     return b * p[F.tp]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def allreduce_nb(p, m, graphed):
     """One all-reduce of the hidden state of m tokens over the TP group."""
     if p[F.tp] <= 1.0:
@@ -221,7 +223,7 @@ def layer_tables_nb(p, moe, ep, wo, n):
     return tg, te, tc
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def graph_tokens_nb(sizes, tokens):
     """The smallest captured size >= tokens (binary search), or -1.0 above the largest."""
     n = sizes.shape[0]
@@ -238,7 +240,7 @@ def graph_tokens_nb(sizes, tokens):
     return sizes[lo]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def launches_nb(p, n_pf, n_layers, padded):
     """Kernel launches the CPU issues for one forward: 1 for a full graph, 2 per layer (+1) for a
     piecewise graph, every kernel when eager."""
@@ -347,7 +349,7 @@ def iteration_components(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec) 
     return iteration_components_nb(p, *features(p), tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def flops_nb(p, tokens, pairs, kv_dec):
     """FLOPs of a step: every active weight twice per token, attention's pairs and decode KV."""
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]

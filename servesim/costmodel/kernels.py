@@ -59,7 +59,7 @@ WO_SMALL_M = 16.0
 ATTN_BLOCK = 128.0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits):
     """Waves of thread blocks: ceil(ceil(m / Tm) * ceil(n / Tn) * splits / SMs) (NVIDIA GEMM guide,
     wave quantization). 133 tiles on 132 SMs take 2 waves."""
@@ -77,7 +77,7 @@ def gemm_wave_efficiency_nb(m, n, tile_m, tile_n, sm_count, splits):
     return m * n * splits / (waves * sm_count * tile_m * tile_n)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def gemm_splits_nb(m, k, n, tile_m, tile_n, sm_count):
     """Split-K slices when the output tiles do not fill the SMs: floor(SMs / tiles), at most
     k / SPLITK_MIN_K; 1 when the tiles already fill a wave."""
@@ -295,7 +295,7 @@ def balanced_experts_nb(assignments, experts):
     return min(experts, assignments)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def prefill_attention_compute_nb(seqs, chunk, ctx, heads, head_dim, peak, sm_count, attn_max, block_overhead):
     """Tensor-core time of causal FlashAttention over ``seqs`` chunks of ``chunk`` new tokens with
     ``ctx`` tokens already cached each. One thread block per (sequence, head, query block of 128);
@@ -319,7 +319,7 @@ def prefill_attention_compute_nb(seqs, chunk, ctx, heads, head_dim, peak, sm_cou
     return t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def prefill_attention_bytes_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_bytes, kv_bytes):
     """HBM bytes of a prefill attention: per new token q read and o written (2 heads d q_bytes),
     its k and v read and written to the cache (4 kv_heads d kv_bytes); the cached prefix's k and v
@@ -356,7 +356,7 @@ DECODE_SPLIT_SM_SHARE = 0.8
 DECODE_SPLIT_KEYS = 128.0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def decode_splits_nb(seqs, kv_tokens, split_seqs):
     """Split-KV chunks per (sequence, KV head): at most one per DECODE_SPLIT_KEYS keys of the mean
     context, and, where ``split_seqs`` > 0, about split_seqs / seqs (at least 1): the split count is
@@ -457,7 +457,7 @@ def mla_prefill_time_nb(seqs, chunk, ctx, heads, qk_dim, v_dim, latent_bytes, pe
     return latency + t_c + nbytes / (hbm_bw * hbm_fraction)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def engine_allreduce_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency):
     """The engine's own all-reduce of ``nbytes`` per GPU over ``n`` GPUs of one NVLink/NVSwitch
     domain, under a CUDA graph, in seconds: latency + the faster of
