@@ -330,15 +330,34 @@ log_dtype = np.dtype([
 ])
 
 
+# new_requests and engine_output go through the records in blocks of this many (~0.8 MB, cache-sized):
+# each field of a block is read or written in cache and the records pass through memory once, where
+# field by field over the whole array each field's pass would stream them through memory again
+BLOCK = 4096
+
+
+def request_template() -> np.ndarray:
+    """One record with each field's initial value (`request_dtype`'s comments)."""
+    t = np.zeros(1, request_dtype)
+    for name in ("scheduled", "first_token", "finish", "last_token", "xfer_start", "xfer_end"):
+        t[name] = np.nan
+    for name in ("replica", "q_next", "pf_replica"):
+        t[name] = -1
+    return t
+
+
 def new_requests(arrival, prompt, output, u1, u2, next_turn):
     n = prompt.shape[0]
-    rq = np.zeros(n, request_dtype)
-    for name, v in (("prompt", prompt), ("output", output), ("u1", u1), ("u2", u2), ("arrival", arrival)):
-        rq[name] = v
-    for name in ("scheduled", "first_token", "finish", "last_token", "xfer_start", "xfer_end"):
-        rq[name] = np.nan
-    for name in ("replica", "q_next", "pf_replica"):
-        rq[name] = -1
+    rq = np.empty(n, request_dtype)
+    raw = rq.view(np.uint8).reshape(n, request_dtype.itemsize)
+    template = request_template().view(np.uint8)
+    inputs = (("prompt", prompt), ("output", output), ("u1", u1), ("u2", u2), ("arrival", arrival))
+    for a in range(0, n, BLOCK):
+        b = min(a + BLOCK, n)
+        raw[a:b] = template
+        block = rq[a:b]
+        for name, v in inputs:
+            block[name] = v[a:b]
     later = next_turn[next_turn >= 0]
     rq["followup"][later] = True
     rq["arrival"][later] = np.inf   # a session's later turn is sent when the turn before ends
@@ -408,11 +427,26 @@ def new_counters(cfg, n):
     return ctr
 
 
+OUTPUT_FIELDS = ("arrival", "scheduled", "first_token", "finish", "preemptions", "replica", "status", "max_gap",
+                 "xfer_start", "xfer_end", "pf_replica")
+
+
+def output_columns(rq) -> dict:
+    """The records' OUTPUT_FIELDS, each as its own contiguous array (gathered block by block)."""
+    n = rq.shape[0]
+    cols = {name: np.empty(n, request_dtype[name]) for name in OUTPUT_FIELDS}
+    for a in range(0, n, BLOCK):
+        block = rq[a:a + BLOCK]
+        for name, col in cols.items():
+            col[a:a + BLOCK] = block[name]
+    return cols
+
+
 def engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix):
     k = int(ctr[LOG_COUNT])
-    f = lambda name: np.ascontiguousarray(rq[name])  # noqa: E731  (a field of the records, as its own array)
-    return EngineOutput(f("arrival"), f("scheduled"), f("first_token"), f("finish"), f("preemptions"), f("replica"),
-                        f("status"), f("max_gap"), gap_hist, log.time[:k].copy(), log.replica[:k].copy(),
+    f = output_columns(rq)
+    return EngineOutput(f["arrival"], f["scheduled"], f["first_token"], f["finish"], f["preemptions"], f["replica"],
+                        f["status"], f["max_gap"], gap_hist, log.time[:k].copy(), log.replica[:k].copy(),
                         log.seqs[:k].copy(), log.tokens[:k].copy(), log.kv_blocks[:k].copy(),
-                        log.waiting[:k].copy(), k, stats, pool_stats, prefix, f("xfer_start"), f("xfer_end"),
-                        f("pf_replica"))
+                        log.waiting[:k].copy(), k, stats, pool_stats, prefix, f["xfer_start"], f["xfer_end"],
+                        f["pf_replica"])
