@@ -18,7 +18,7 @@ from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_
 from .jit import HANDLER
 from .nextevent import set_time_nb
 from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, take_nb
-from .span import gap_bin_nb, leave_nb, span_complete_nb, span_joins_nb, span_next_nb
+from .span import gap_bin_nb, leave_nb, span_complete_nb, span_joins_nb, span_next_nb, span_quick_nb
 from .schedule import admit_nb, continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
 from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
@@ -124,7 +124,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
             drop_running_nb(rp.running, rp.row.n_running, r, i)
             end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
     rp.slot_n[k] = 0
-    if in_span and sp.row.active[r] == 1:
+    if in_span and sp.row.active[r] == 1 and sp.row.n[r] < rp.row.n_running[r]:    # (else none can join)
         span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now)
     if rp.row.n_running[r] == 0 and cfg.policy == C.STATIC:
         rp.row.pad_seqs[r] = 0
@@ -138,30 +138,39 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
 def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
     """The span's completion `sp.row.fin` gives members their last token: in running order, each leaves the
     span (`span.leave_nb`) and ends as in `complete_nb`; the running list closes up (as
-    `drop_running_nb` would), the span's positions with it; the span's next ending completion."""
+    `drop_running_nb` would), the span's positions with it; the span's next ending completion. The
+    members' own ending completions (`sp.fin_at`) are read in running order, not from their records;
+    the positions before the first member it ends stay as they are."""
     c = sp.row.done[r]
-    run = rp.running
+    run, fin_at = rp.running, sp.fin_at
     k = r * cfg.pp
     n = sp.row.n[r]
     nr = rp.row.n_running[r]
     fin = 1 << 62
-    q = 0
-    for pos in range(nr):
+    first = 0
+    while first < n and fin_at[r, first] > c:      # (fin is the least: some member ends)
+        if fin_at[r, first] < fin:
+            fin = fin_at[r, first]
+        first += 1
+    for pos in range(first, n):     # the members it ends, in running order
+        if fin_at[r, pos] <= c:
+            i = run[r, pos]
+            leave_nb(cfg, rq, sp, r, i, sp.epoch[r, pos])
+            rp.row.load[r] -= 1
+            release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
+            rq.blocks[i] = 0
+            end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
+    q = first
+    for pos in range(first, nr):    # the running list closes up over them
         i = run[r, pos]
         if pos < n:
-            e = sp.epoch[r, pos]
-            m0 = sp.e_start[r, e]
-            if rq.generated[i] + c - m0 >= rq.output[i]:
-                leave_nb(cfg, rq, sp, r, i, e)
-                rp.row.load[r] -= 1
-                release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
-                rq.blocks[i] = 0
-                end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
+            f = fin_at[r, pos]
+            if f <= c:
                 continue
-            f = m0 + rq.output[i] - rq.generated[i]
             if f < fin:
                 fin = f
-            sp.epoch[r, q] = e
+            sp.epoch[r, q] = sp.epoch[r, pos]
+            fin_at[r, q] = f
             rp.slot_req[k, q] = i
         run[r, q] = i
         q += 1
@@ -365,7 +374,9 @@ def schedule_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stat
     before = stats[pl, STAT_PREEMPTIONS]
     kv_span = -1
     if spec is None and cfg.fast_forward and cfg.policy != C.STATIC:
-        kv_span = span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r)
+        kv_span = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
+        if kv_span < 0:
+            kv_span = span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r)
     if kv_span >= 0:
         nb = sp.row.n[r]
         swap_s = 0.0

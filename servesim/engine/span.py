@@ -78,6 +78,7 @@ def join_nb(cfg, rq, rp, sp, r, i, pos):
     sp.hits[r, (m + room + 1) % cfg.block_size] += 1     # first takes a block at the span's iteration m + room + 1
     sp.row.kv0[r] += c - m
     f = m + rq.output[i] - rq.generated[i]
+    sp.fin_at[r, pos] = f
     if f < sp.row.fin[r]:
         sp.row.fin[r] = f
     if rq.arrival[i] >= cfg.warmup_time:
@@ -128,6 +129,32 @@ def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
 
 
 @njit(**HANDLER)
+def span_quick_nb(row, hits, count, rprow, r, block_size, policy):
+    """`span_next_nb`'s common case, from the arrays it reads (``row``, ``hits``, ``count``: the span's;
+    ``rprow``: the replicas' records), so that a call costs few arguments: replica r's span goes on and
+    the blocks its members take at this iteration are never-used ones (`prefix.take_nb` takes those
+    first, and without touching the prefix cache's lists). Returns what `span_next_nb` would, or -1
+    with nothing changed: `span_next_nb` decides."""
+    if row.active[r] == 0:
+        return -1
+    j = row.launched[r] + 1
+    need = hits[r, j % block_size]
+    if need > rprow.empty[r] or rprow.n_running[r] != row.n[r] or (policy == C.VLLM_V0 and rprow.n_waiting[r] > 0):
+        return -1
+    rprow.free_blocks[r] -= need      # (take_nb of never-used blocks)
+    rprow.empty[r] -= need
+    return span_launch_nb(row, count, r, j)
+
+
+@njit(**HANDLER)
+def span_launch_nb(row, count, r, j):
+    """Iteration j of replica r's span is launched; returns its members' KV (`span_next_nb`)."""
+    row.launched[r] = j
+    count[0] += 1
+    return row.kv0[r] + row.n[r] * j
+
+
+@njit(**HANDLER)
 def span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r):
     """A scheduling decision on replica r: launch the next iteration of its span (beginning one if it
     can), taking the blocks its members need; returns the members' computed tokens + 1, summed (their
@@ -142,9 +169,7 @@ def span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r):
         return -1
     if need > 0:
         take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
-    sp.row.launched[r] = j
-    sp.count[0] += 1
-    return sp.row.kv0[r] + sp.row.n[r] * j
+    return span_launch_nb(sp.row, sp.count, r, j)
 
 
 @njit(**HANDLER)

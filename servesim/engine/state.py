@@ -304,6 +304,7 @@ class Span(NamedTuple):
     row: np.ndarray             # (R) span_dtype records
     hits: np.ndarray            # (R, block_size): members taking a block at the span's iterations j = q (mod block_size)
     epoch: np.ndarray           # (R, max_num_seqs) the epoch a member (by running position) joined in
+    fin_at: np.ndarray          # (R, max_num_seqs) the span's completion that ends the member (its last token)
     e_start: np.ndarray         # (R, SPAN_EPOCHS) the span's completions when an epoch began (members joined)
     e_max: np.ndarray           # (R, SPAN_EPOCHS) the longest gap of the epoch's completions
     count: np.ndarray           # (1) iterations run as spans (diagnostic)
@@ -405,7 +406,8 @@ def new_flow(n, pd):
 def new_span(cfg):
     R = cfg.replicas
     return Span(np.zeros(R, span_dtype).view(np.recarray), np.zeros((R, cfg.block_size), np.int64),
-                np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, SPAN_EPOCHS), np.int64),
+                np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, cfg.max_num_seqs), np.int64),
+                np.zeros((R, SPAN_EPOCHS), np.int64),
                 np.zeros((R, SPAN_EPOCHS)), np.zeros(1, np.int64))
 
 
