@@ -8,6 +8,7 @@ critical values. Series are in arrival order; the caller drops NaN values.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 
@@ -112,11 +113,22 @@ def _se(x: np.ndarray, k: int) -> tuple[float, float]:
     b = n // k: var = n b / ((n - b + 1)(n - b)) sum_j (B_j - mean)^2 over all n - b + 1 batches, on
     1.5 (k - 1) degrees of freedom, 1.5 times those of k separate batches for the same bias (Meketon &
     Schmeiser 1984, "Overlapping batch means: something for nothing?", Proc. Winter Simulation Conf.)."""
-    n = x.shape[0]
+    c = np.empty(x.shape[0] + 1)
+    np.subtract(x, x.mean(), out=c[1:])
+    return _se_centred(c, k)
+
+
+def _se_centred(c: np.ndarray, k: int) -> tuple[float, float]:
+    """`_se` of a series already less its mean, held in c[1:] (c is overwritten: it becomes the prefix
+    sums). In place, so that a million values cost two arrays, not six."""
+    n = c.shape[0] - 1
     b = n // k
-    c = np.concatenate(([0.0], np.cumsum(x - x.mean())))
-    bm = (c[b:] - c[:-b]) / b
-    var = n * b / ((n - b + 1) * (n - b)) * float(np.sum(bm * bm))
+    c[0] = 0.0
+    np.cumsum(c[1:], out=c[1:])
+    bm = c[b:] - c[:-b]
+    bm /= b
+    bm *= bm
+    var = n * b / ((n - b + 1) * (n - b)) * float(np.sum(bm))
     return math.sqrt(var / n), 1.5 * (k - 1)
 
 
@@ -139,7 +151,9 @@ class Ranked:
     """The values np.sort(x) holds at the ranks asked for, read without sorting x: `need` partitions a
     copy of x around a batch of ranks (np.partition, O(n) where a sort is O(n log n)) and keeps the
     value at each; ``ranked[i]`` is then sorted(x)[i]. Stands in for the sorted array in
-    `sorted_quantile` and `quantile_ci`."""
+    `sorted_quantile` and `quantile_ci`. A rank known already splits the copy: the values before it
+    are the smaller ones, so a later rank is found by partitioning only the stretch between the known
+    ranks around it."""
 
     def __init__(self, x: np.ndarray, ranks=()):
         self.shape, self._work, self._at = x.shape, np.array(x, dtype=np.float64), {}
@@ -147,9 +161,15 @@ class Ranked:
 
     def need(self, ranks) -> None:
         new = sorted({int(r) for r in ranks if 0 <= r < self.shape[0]} - self._at.keys())
-        if new:
-            self._work.partition(new)
-            self._at.update((r, self._work[r]) for r in new)
+        known = sorted(self._at)
+        stretches = {}      # (first, end) of a stretch between known ranks -> the new ranks in it
+        for r in new:
+            j = bisect.bisect(known, r)
+            stretch = (known[j - 1] + 1 if j else 0, known[j] if j < len(known) else self.shape[0])
+            stretches.setdefault(stretch, []).append(r)
+        for (a, b), rs in stretches.items():
+            self._work[a:b].partition([r - a for r in rs])
+            self._at.update((r, self._work[r]) for r in rs)
 
     def __getitem__(self, i: int):
         return self._at[int(i)]
@@ -184,7 +204,11 @@ def quantile_ci_ranks(x: np.ndarray, xq: float, q: float, b: int) -> tuple[int, 
     """The ranks of `quantile_ci`'s bounds (beyond 0..n-1: no bound on that side), ``xq`` the
     q-quantile of x."""
     n = x.shape[0]
-    se, df = _se((x <= xq).astype(np.float64), num_batches(n, b))
+    c = np.empty(n + 1)
+    ind = c[1:]
+    np.less_equal(x, xq, out=ind)       # the indicator, as 0.0 / 1.0
+    ind -= ind.mean()
+    se, df = _se_centred(c, num_batches(n, b))
     half = _t(df) * n * max(se, math.sqrt(q * (1 - q) / n))
     return math.floor(n * q - half), math.ceil(n * q + half)
 
@@ -197,7 +221,9 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, b: int) -> tuple[float | None, fl
     if n < MIN_VALUES or den.sum() <= 0:
         return None, None
     r = float(num.sum() / den.sum())
-    se, df = _se(num - r * den, num_batches(n, b))
+    d = r * den
+    np.subtract(num, d, out=d)
+    se, df = _se(d, num_batches(n, b))
     half = _t(df) * se / float(den.mean())
     return float(r - half), float(r + half)
 

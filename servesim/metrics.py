@@ -77,7 +77,9 @@ def describe(x_s: np.ndarray, batch: int | None = None) -> dict:
     values (default: chosen from x's own autocorrelation); x in arrival order. A bound is None when
     there are too few values (`intervals.MIN_VALUES`, or a quantile's rank beyond the sample)."""
     x = np.asarray(x_s, dtype=np.float64)
-    x = x[np.isfinite(x)]
+    finite = np.isfinite(x)
+    if not finite.all():
+        x = x[finite]
     keys = ["mean"] + [f"p{p}" for p in PCTS]
     if x.size == 0:
         return {k: None for k in keys} | {"ci95": {k: [None, None] for k in keys}}
@@ -432,11 +434,12 @@ MAX_QUEUE_SLOPE = 0.05       # s of queueing delay per s of arrival time (lambda
 
 
 class _Timeline(NamedTuple):
-    """Sorted event times of one run, on the clients' clock."""
+    """Event times of one run, on the clients' clock, in request order: `_queue_growth` only counts
+    them in intervals, which needs no sort."""
     arrivals: np.ndarray      # every request's arrival
     finishes: np.ndarray      # completions
     queued: np.ndarray        # arrivals of the requests that queued (all but the rejected ones)
-    admitted: np.ndarray      # first admissions to a batch of those (never admitted: absent)
+    admitted: np.ndarray      # first admissions to a batch of those (never admitted: nan)
     late_arrival: np.ndarray  # arrivals of the admitted requests, in request order
     late_queue: np.ndarray    # and their queueing delays
 
@@ -447,9 +450,7 @@ def _timeline(df: Rows, done: Rows) -> _Timeline:
     queued = df.where(kept)
     sched = queued["scheduled_s"] - frontend[kept]
     adm = queued.where(np.isfinite(sched))
-    return _Timeline(ascending(df["arrival_s"]), np.sort(done["finish_s"]),
-                     ascending(queued["arrival_s"]), np.sort(sched[np.isfinite(sched)]),
-                     adm["arrival_s"], adm["queue_s"])
+    return _Timeline(df["arrival_s"], done["finish_s"], queued["arrival_s"], sched, adm["arrival_s"], adm["queue_s"])
 
 
 def ascending(x: np.ndarray) -> np.ndarray:
@@ -457,9 +458,14 @@ def ascending(x: np.ndarray) -> np.ndarray:
     return x if x.size < 2 or bool(np.all(x[1:] >= x[:-1])) else np.sort(x)
 
 
-def _count(sorted_x: np.ndarray, lo: float, hi: float) -> int:
-    """Number of x in (lo, hi]."""
-    return int(np.searchsorted(sorted_x, hi, side="right") - np.searchsorted(sorted_x, lo, side="right"))
+def _count(x: np.ndarray, lo: float, hi: float) -> int:
+    """Number of x in (lo, hi] (nan: none)."""
+    return int(np.count_nonzero((x > lo) & (x <= hi)))
+
+
+def _count_to(x: np.ndarray, hi: float) -> int:
+    """Number of x at or before hi (nan: none)."""
+    return int(np.count_nonzero(x <= hi))
 
 
 def _queue_growth(tl: _Timeline, arrivals_in: np.ndarray, open_loop: bool) -> tuple[dict, str, str]:
@@ -484,10 +490,9 @@ def _queue_growth(tl: _Timeline, arrivals_in: np.ndarray, open_loop: bool) -> tu
     queued_w = _count(tl.queued, t_mid, last_arr) if n_arr else 0
     adm_w = _count(tl.admitted, t_mid, last_arr) if n_arr else 0
     dep_w = _count(tl.finishes, t_mid, last_arr) if n_arr else 0
-    arrived = int(np.searchsorted(tl.arrivals, last_arr, side="right")) if n_arr else 0
-    in_system_end = arrived - int(np.searchsorted(tl.finishes, last_arr, side="right")) if n_arr else 0
-    waiting_end = (int(np.searchsorted(tl.queued, last_arr, side="right"))
-                   - int(np.searchsorted(tl.admitted, last_arr, side="right"))) if n_arr else 0
+    arrived = _count_to(tl.arrivals, last_arr) if n_arr else 0
+    in_system_end = arrived - _count_to(tl.finishes, last_arr) if n_arr else 0
+    waiting_end = _count_to(tl.queued, last_arr) - _count_to(tl.admitted, last_arr) if n_arr else 0
     open_loop = open_loop and last_arr > t_mid
     late = (tl.late_arrival > t_mid) & (tl.late_arrival <= last_arr)
     late_arrival, late_queue = tl.late_arrival[late], tl.late_queue[late]
