@@ -366,7 +366,7 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 
 
 @njit(**HANDLER)    # called, not inlined: 1.5 CPU s less cold compile, same loop speed (README, Speed)
-def schedule_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp):
+def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp):
     """A scheduling decision on replica r: form one micro-batch and launch it (the next iteration of a
     decode span, span.py, when it can be one)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
@@ -381,12 +381,12 @@ def schedule_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stat
         nb = sp.row.n[r]
         swap_s = 0.0
         if rp.row.n_waiting[r] > 0:     # admissions after the span's members, one token of the budget each
-            nb, swap_s = admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb,
+            nb, swap_s = admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb,
                                   cfg.max_batched_tokens - nb, swap_s)
     elif cfg.policy == C.STATIC:
-        nb, swap_s = static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
+        nb, swap_s = static_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
-        nb, swap_s = continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
+        nb, swap_s = continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
                                          spec)
     if nb > 0:
         if spec is not None:

@@ -38,15 +38,14 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
 )
 
 
-def cost_inputs(ps, pools) -> tuple:
-    """(cost tables, swap) of the pools' CostParams ``ps``, one per pool of ``pools``: the tables as the
-    rows of one 2-D array (`costmodel.fields.tables`; row k is pool k's, so the kernel's signature does
-    not depend on the number of pools) and per pool the PCIe path (s, B/s) and whether the engine
-    schedules asynchronously (schedule.py)."""
+def cost_inputs(ps, pools) -> np.ndarray:
+    """The cost tables of the pools' CostParams ``ps``, one per pool of ``pools``, as the rows of one 2-D
+    array (`costmodel.fields.tables`; row k is pool k's, so the kernel's signature does not depend on
+    the number of pools). The handlers read a pool's PCIe path (`prefix.swap_seconds_nb`) and whether
+    its engine schedules asynchronously (`schedule.admit_nb`) from its row."""
     if len(ps) != pools.role.shape[0]:      # the kernel reads row rp.pool[r] unchecked
         raise ValueError(f"{len(ps)} cost params for {pools.role.shape[0]} pools; give one per pool")
-    swap = np.array([[p.swap_alpha, p.swap_bw, p.host_overlap] for p in ps], np.float64)
-    return tables(ps), swap
+    return tables(ps)
 
 
 def kernel_features(*tabs):
@@ -83,16 +82,16 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
-    tabs, swap = cost_inputs(ps, pools)
+    tabs = cost_inputs(ps, pools)
     # speculative decoding (``spec``, a state.Spec; ``dps`` the pools' draft CostParams, or the pools' own
     # where nothing drafts on the GPU): None otherwise, and pruned
     dtabs = None
     if spec is not None:
         spec = spec._replace(steps=np.zeros(n, np.int64))
-        dtabs = cost_inputs(dps, pools)[0] if dps is not None else tabs
+        dtabs = cost_inputs(dps, pools) if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
     fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
-    now, _ = run_nb(tabs, fs, swap, cfg, kernel_pools(pools), chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs),
+    now, _ = run_nb(tabs, fs, cfg, kernel_pools(pools), chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs),
                     log, ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, 0.0, INF)
     end_run_nb(cfg, rq, rp, sp, pool_stats, now)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,
@@ -133,7 +132,7 @@ RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 
 
 @njit(cache=True, _nrt=False)
-def run_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps,
+def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps,
            sp, now, until):
     """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
     event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
@@ -169,7 +168,7 @@ def run_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
         else:
-            schedule_nb(ps, fs, swap, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
+            schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
                         sp)
     return now, RUN_ENDED
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from ..costmodel import fields as F
 from . import codes as C
 from .jit import HANDLER
 from .state import ENTRIES_FREE
@@ -127,6 +128,14 @@ def new_entry_nb(cfg, cache, ctr, block, r):
 
 # ------------------------------------------------------------------ blocks
 @njit(**HANDLER)
+def swap_seconds_nb(ps, pools, rp, r, tokens):
+    """Moving ``tokens`` tokens' KV between GPU and host on replica r: the pool's PCIe path
+    (``swap_alpha`` s + bytes / ``swap_bw`` B/s of its cost table ``ps``, `costmodel.fields`)."""
+    k = rp.row.pool[r]
+    return ps[k, F.swap_alpha] + tokens * pools.row.kv_bytes_per_token[k] / ps[k, F.swap_bw]
+
+
+@njit(**HANDLER)
 def take_nb(cfg, pools, rp, cache, ctr, prefix, r, n):
     """Take n free blocks: never-used ones first, then from the LRU head (least recently freed):
     a run of freed private blocks gives its blocks, an entry is evicted (to the CPU tier when the
@@ -218,7 +227,7 @@ def lookup_nb(cfg, rq, cache, chains, r, i):
 
 
 @njit(**HANDLER)
-def commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c):
+def commit_hit_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c):
     """Request i takes the h cached blocks of its chain on replica r; returns the seconds its CPU
     tier hits take to reload over PCIe."""
     base = chains.start[i]
@@ -247,8 +256,7 @@ def commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h,
     prefix[C.HIT_CPU_TOKENS] += c * cfg.block_size
     if c == 0:
         return 0.0
-    k = rp.row.pool[r]
-    s = swap[k, 0] + c * cfg.block_size * pools.row.kv_bytes_per_token[k] / swap[k, 1]
+    s = swap_seconds_nb(ps, pools, rp, r, c * cfg.block_size)
     prefix[C.CPU_RELOAD_TIME] += s
     return s
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
+from ..costmodel import fields as F
 from . import codes as C
 from .jit import HANDLER
-from .prefix import blocks_for_nb, commit_hit_nb, lookup_nb, release_nb, take_nb
+from .prefix import blocks_for_nb, commit_hit_nb, lookup_nb, release_nb, swap_seconds_nb, take_nb
 from .state import STAT_PREEMPTIONS
 
 
@@ -78,20 +80,12 @@ def cached_nb(cfg, rq, cache, chains, r, i):
 
 
 @njit(**HANDLER)
-def swap_seconds_nb(swap, pools, rp, rq, r, i):
-    """Moving request i's KV between GPU and host: swap[pool] = (latency s, B/s) of the PCIe path, and
-    async scheduling (1: host work overlaps the GPU, continuous_batch_nb)."""
-    k = rp.row.pool[r]
-    return swap[k, 0] + rq.computed[i] * pools.row.kv_bytes_per_token[k] / swap[k, 1]
-
-
-@njit(**HANDLER)
-def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
+def preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
     """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
     swap_s = 0.0
     release_nb(cfg, rq, rp, cache, chains, ctr, r, v, rq.blocks[v])
     if cfg.preemption == C.SWAP:
-        swap_s = swap_seconds_nb(swap, pools, rp, rq, r, v)
+        swap_s = swap_seconds_nb(ps, pools, rp, r, rq.computed[v])
         rq.status[v] = C.SWAPPED
         rq.reg_done[v] = True
     else:
@@ -116,7 +110,7 @@ def preempt_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
 
 
 @njit(**HANDLER)
-def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
+def static_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
     """When nothing runs, admit a whole batch reserving every prompt and output block; then run it.
     Returns (members, seconds of CPU-tier reloads)."""
     B = cfg.max_num_seqs
@@ -133,7 +127,7 @@ def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, 
             if cfg.prefix_caching and rq.computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += rq.prompt[i]
             if cache is not None and h > 0:
-                reload_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
+                reload_s += commit_hit_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
             take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
             rq.blocks[i] += need
             rq.status[i] = C.RUNNING
@@ -154,7 +148,7 @@ def static_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, 
 
 
 @njit(inline="always", **HANDLER)
-def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now, spec):
+def continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now, spec):
     """vllm, vllm-v0, sarathi, orca: running requests first, then admissions; returns (members, swap s).
     With speculative decoding (``spec``) a decode verifies k + 1 tokens (of the token budget), holds
     blocks for them (k lookahead slots) and advances by the tokens its step yields."""
@@ -165,7 +159,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
     b_req, b_chunk, pf_cand = step.req, step.chunk, step.pf_cand
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
     status, in_flight = rq.status, rq.in_flight
-    nb = 0
+    nb = np.int64(0)        # (not the literal 0, which numba would compile admit_nb for as well)
     budget = cfg.max_batched_tokens
     swap_s = 0.0
     preempted_now = False
@@ -250,7 +244,7 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
                         break
-                    swap_s += preempt_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v)
+                    swap_s += preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v)
                     preempted_now = True
                     if v == i:
                         victim_self = True
@@ -270,12 +264,12 @@ def continuous_batch_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, stat
                 budget -= tok
     # 2) admit waiting requests in FCFS order (none after a preemption in this step)
     if not decode_only and not preempted_now:
-        nb, swap_s = admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s)
+        nb, swap_s = admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s)
     return nb, swap_s
 
 
 @njit(**HANDLER)
-def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
+def admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
     """Admit waiting requests in FCFS order into the step's members after its first ``nb`` (``budget``
     tokens left); returns (members, swap s). Async scheduling (vLLM V1, host work overlapping the
     GPU, one stage): this step was planned when the step now ending was launched, so while it has
@@ -288,7 +282,7 @@ def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now,
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
     status, n_waiting, q_head = rq.status, rp.row.n_waiting, rp.row.q_head
     cutoff = math.inf
-    if pol == C.VLLM and swap[rp.row.pool[r], 2] > 0.0 and pools.row.pp[rp.row.pool[r]] == 1 and nb > 0:
+    if pol == C.VLLM and ps[rp.row.pool[r], F.host_overlap] > 0.0 and pools.row.pp[rp.row.pool[r]] == 1 and nb > 0:
         cutoff = rp.slot_start[r * cfg.pp]
     while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
         i = q_head[r]
@@ -310,9 +304,9 @@ def admit_nb(swap, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now,
         if cfg.prefix_caching and computed[i] == 0:
             prefix[C.LOOKUP_TOKENS] += prompt[i]
         if cache is not None and h > 0:
-            swap_s += commit_hit_nb(swap, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
+            swap_s += commit_hit_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
         if status[i] == C.SWAPPED:
-            swap_s += swap_seconds_nb(swap, pools, rp, rq, r, i)
+            swap_s += swap_seconds_nb(ps, pools, rp, r, computed[i])
         status[i] = C.RUNNING
         if math.isnan(rq.scheduled[i]):
             rq.scheduled[i] = now

@@ -76,7 +76,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     if cfg.concurrency > 0 or np.any(pools.role != C.MIXED):      # (no chains: the prefix cache stays out)
         raise ValueError("run_stream runs the plain feature set (mixed pools, open loop, no chains)")
     max_window = MAX_WINDOW if max_window is None else max_window
-    tabs, swap = cost_inputs(ps, pools)
+    tabs = cost_inputs(ps, pools)
     fs = kernel_features(tabs)
     rp = new_replicas(cfg, pools)
     kp = kernel_pools(pools)
@@ -101,7 +101,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        now, why = run_nb(tabs, fs, swap, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
+        now, why = run_nb(tabs, fs, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
                           pool_stats, prefix, gap_hist, None, None, sp, now, until)
         n_chunks += 1
         cut = why == RUN_CUT
