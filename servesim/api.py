@@ -473,18 +473,22 @@ def speculative_summary(spec, stats) -> dict:
 
 
 # One small run of each set of features the kernel is compiled for (`servesim warmup`). A feature a
-# run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, and the
-# flow between events (session turns, prefill/decode transfers). The number of pools is not: their cost
-# tables are the rows of one array (engine/kernel.py `cost_inputs`).
-_ENGINE_FEATURES = {
-    "one pool": dict(),
+# run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, the flow
+# between events (session turns, prefill/decode transfers), static batching's padding, speculative
+# decoding (not with static batching: refused). The number of pools is not: their cost tables are the
+# rows of one array (engine/kernel.py `cost_inputs`).
+_KV_FEATURES = {
+    "": dict(),
     "prefix cache": dict(num_system_prompts=2, users_per_system_prompt=5, system_prompt_len=100),
     "sessions": dict(workload="sessions", prefix_caching=False),
     "prefix cache and sessions": dict(workload="sessions", cpu_kv_gib=1.0, router="prefix-aware"),
-    "prefill/decode pools": dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
-                                 layerwise_transfer=True),
-    "speculative decoding": dict(speculative="eagle:k=2:acceptance=0.7"),
 }
+_BATCHING = {"": dict(), "static batching": dict(scheduler="static"),
+             "speculative decoding": dict(speculative="eagle:k=2:acceptance=0.7")}
+_ENGINE_FEATURES = {(", ".join(n for n in (a, b) if n) or "one pool"): kv | batching
+                    for b, batching in _BATCHING.items() for a, kv in _KV_FEATURES.items()}
+_ENGINE_FEATURES["prefill/decode pools"] = dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
+                                                layerwise_transfer=True)
 # ... each with both shapes of the step cost (costmodel/features.py): the default dense model compiles
 # the plain one; the full one, which any MoE, MLA, EP or weight-only run compiles, by the same model in int4
 WARMUP_RUNS = {name + suffix: opts | shape for name, opts in _ENGINE_FEATURES.items()

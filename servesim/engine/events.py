@@ -24,7 +24,7 @@ from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
     STAT_BUSY, STAT_ITERATIONS, STAT_PREEMPTIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME, STAT_TOKENS_TIME,
-    STAT_DRAFT, STAT_SPEC_STEPS, STAT_SPEC_TOKENS, STAT_VERIFY,
+    STAT_DRAFT, STAT_SPEC_STEPS, STAT_SPEC_TOKENS, STAT_VERIFY, PAD_KV, PAD_SEQS,
 )
 
 
@@ -54,9 +54,10 @@ def wake_nb(pools, rp, r, at):
 
 
 @njit(inline="always", **HANDLER)
-def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now, spec, sp):
+def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now, spec, sp, pad):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
-    their blocks; on a prefill replica a finished prompt goes to a decode replica."""
+    their blocks; on a prefill replica a finished prompt goes to a decode replica. ``pad``: static
+    batching's padding (`state.new_pad`; None: another policy, pruned)."""
     computed, generated, prompt = rq.computed, rq.generated, rq.prompt
     last_token, max_gap, in_flight = rq.last_token, rq.max_gap, rq.in_flight
     slot_req, slot_chunk = rp.slot_req, rp.slot_chunk
@@ -115,9 +116,9 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
         last_token[i] = now
         if generated[i] >= rq.output[i]:
             rp.row.load[r] -= 1
-            if cfg.policy == C.STATIC:
-                rp.row.pad_seqs[r] += 1
-                rp.row.pad_kv[r] += computed[i]
+            if pad is not None and cfg.policy == C.STATIC:
+                pad[r, PAD_SEQS] += 1
+                pad[r, PAD_KV] += computed[i]
             release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
             rq.blocks[i] = 0
             freed = True
@@ -126,9 +127,9 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
     rp.slot_n[k] = 0
     if in_span and sp.row.active[r] == 1 and sp.row.n[r] < rp.row.n_running[r]:    # (else none can join)
         span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now)
-    if rp.row.n_running[r] == 0 and cfg.policy == C.STATIC:
-        rp.row.pad_seqs[r] = 0
-        rp.row.pad_kv[r] = 0
+    if pad is not None and rp.row.n_running[r] == 0 and cfg.policy == C.STATIC:
+        pad[r, PAD_SEQS] = 0
+        pad[r, PAD_KV] = 0
     wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
     if flow is not None and freed and pools.row.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
         retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
@@ -366,9 +367,10 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
 
 
 @njit(**HANDLER)    # called, not inlined: 1.5 CPU s less cold compile, same loop speed (README, Speed)
-def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp):
+def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp, pad):
     """A scheduling decision on replica r: form one micro-batch and launch it (the next iteration of a
-    decode span, span.py, when it can be one)."""
+    decode span, span.py, when it can be one). Static batching only with its padding ``pad`` (None:
+    another policy, and `static_batch_nb` is not compiled)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.row.pool[r]
     before = stats[pl, STAT_PREEMPTIONS]
@@ -383,29 +385,30 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
         if rp.row.n_waiting[r] > 0:     # admissions after the span's members, one token of the budget each
             nb, swap_s = admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb,
                                   cfg.max_batched_tokens - nb, swap_s)
-    elif cfg.policy == C.STATIC:
+    elif pad is not None and cfg.policy == C.STATIC:
         nb, swap_s = static_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
     else:
         nb, swap_s = continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
                                          spec)
     if nb > 0:
+        dp = ps[pl]         # the drafts' cost table (speculative decoding), else unused
         if spec is not None:
-            launch_nb(ps[pl], fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dps[pl], -1, 0)
-        else:
-            launch_nb(ps[pl], fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, ps[pl],
-                      kv_span, sp.row.n[r])
+            dp = dps[pl]
+        launch_nb(ps[pl], fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span,
+                  sp.row.n[r], pad)
     elif stats[pl, STAT_PREEMPTIONS] > before:
         # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
         wake_nb(pools, rp, r, now)
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span):
+def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span, pad):
     """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it. With
     speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
     (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
     ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
-    KV sums to it, and they are already in the slot. ``fs``: the step cost's shape (costmodel/features.py)."""
+    KV sums to it, and they are already in the slot. Static batching pads the batch with its finished
+    members (``pad``). ``fs``: the step cost's shape (costmodel/features.py)."""
     pl = rp.row.pool[r]
     PP = pools.row.pp[pl]
     base = r * cfg.pp
@@ -451,10 +454,10 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
             kv_pf += computed[i] + c
         if c == pend:
             n_logit += 1.0
-    if cfg.policy == C.STATIC and rp.row.pad_seqs[r] > 0:
-        n_dec += rp.row.pad_seqs[r]
-        kv_dec += rp.row.pad_kv[r]
-        n_logit += rp.row.pad_seqs[r]
+    if pad is not None and cfg.policy == C.STATIC and pad[r, PAD_SEQS] > 0:
+        n_dec += pad[r, PAD_SEQS]
+        kv_dec += pad[r, PAD_KV]
+        n_logit += pad[r, PAD_SEQS]
     cost = iteration_components_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
     draft = 0.0
     if spec is not None and n_spec > 0.0 and spec.draft > 0:

@@ -219,8 +219,6 @@ replica_dtype = np.dtype([
     ("next_free", np.float64),      # first pipeline stage free at
     ("n_in_flight", np.int64),
     ("inflight_since", np.float64), # start of the current span with work in flight
-    ("pad_seqs", np.int64),         # static: finished members still padding the batch
-    ("pad_kv", np.int64),
     ("empty", np.int64),            # the pool's num_blocks; never-used free blocks (free_blocks = empty + the LRU list's blocks)
     ("lru_head", np.int64),         # -1; evictable GPU entries and runs of freed private blocks, least recently freed first
     ("lru_tail", np.int64),         # -1
@@ -409,6 +407,20 @@ def new_span(cfg):
                 np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, cfg.max_num_seqs), np.int64),
                 np.zeros((R, SPAN_EPOCHS), np.int64),
                 np.zeros((R, SPAN_EPOCHS)), np.zeros(1, np.int64))
+
+
+# static batching's padding (`new_pad`, per replica): its finished members still padding the batch and
+# their KV tokens
+PAD_SEQS, PAD_KV = 0, 1
+
+
+def new_pad(cfg, union: bool = False):
+    """The padding of static batching, zeros, or None for the other policies (pruned, as an unused
+    feature is: `kernel.simulate_pools`); ``union``: given to every policy (the kernel then checks the
+    policy)."""
+    if cfg.policy != C.STATIC and not union:
+        return None
+    return np.zeros((cfg.replicas, 2), np.int64)
 
 
 def new_step(B):

@@ -29,7 +29,7 @@ from .kernel import RUN_CUT, cost_inputs, end_run_nb, kernel_features, run_nb, r
 from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, kernel_pools, new_counters, new_log,
-    new_replicas, new_requests, new_span, new_step,
+    new_pad, new_replicas, new_requests, new_span, new_step,
 )
 
 CHUNK = 1 << 18          # requests loaded per chunk (even: see workload/stream.py)
@@ -84,6 +84,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     log = new_log(cfg.log_size)
     step = new_step(cfg.max_num_seqs)
     sp = new_span(cfg)      # decode fast-forward: aggregates per replica, no request index to shift
+    pad = new_pad(cfg)      # static batching's padding: counts per replica, no request index
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
@@ -102,7 +103,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
         now, why = run_nb(tabs, fs, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
-                          pool_stats, prefix, gap_hist, None, None, sp, now, until)
+                          pool_stats, prefix, gap_hist, None, None, sp, pad, now, until)
         n_chunks += 1
         cut = why == RUN_CUT
         more = pending is not None and not cut
