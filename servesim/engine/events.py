@@ -17,7 +17,7 @@ from . import codes as C
 from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_nb
 from .jit import HANDLER
 from .nextevent import set_time_nb
-from .prefix import blocks_for_nb, cached_prefix_nb, register_nb, release_nb, take_nb
+from .prefix import blocks_for_nb, lookup_nb, register_nb, release_nb, take_nb
 from .span import gap_bin_nb, leave_nb, span_complete_nb, span_joins_nb, span_next_nb, span_quick_nb
 from .schedule import admit_nb, continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
 from .state import (
@@ -184,7 +184,8 @@ def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
 
 @njit(**HANDLER)
 def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
-    """The router's choice among the replicas `lst` for request i."""
+    """The router's choice among the replicas `lst` for request i (``prefix_aware``: the most blocks of
+    its chain cached, GPU or CPU, capped as a hit is; ties to the least loaded)."""
     m = lst.shape[0]
     if m == 1:
         return lst[0]
@@ -209,13 +210,13 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
     best = lst[0]
     best_h = -1
     if cache is not None and prefix_aware:
-        best_h = cached_prefix_nb(cfg, rq, cache, chains, best, i)
+        best_h = lookup_nb(cfg, rq, cache, chains, best, i)[0]
     for jj in range(1, m):
         r = lst[jj]
         lr = load[r] / weight[pool[r]]
         lbest = load[best] / weight[pool[best]]
         if cache is not None and prefix_aware:
-            h = cached_prefix_nb(cfg, rq, cache, chains, r, i)
+            h = lookup_nb(cfg, rq, cache, chains, r, i)[0]
             if h > best_h or (h == best_h and lr < lbest):
                 best = r
                 best_h = h
@@ -227,20 +228,6 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         elif lr < lbest:
             best = r
     return best
-
-
-@njit(**HANDLER)
-def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
-    return pick_nb(cfg, rq, rp, pools, cache, chains, rp.entry, i, routed,
-                   cfg.router == C.PREFIX_AWARE and cfg.prefix_caching)
-
-
-@njit(**HANDLER)
-def fits_nb(pools, rp, d, need, whole):
-    """Decode replica d can take a reservation of `need` blocks now, and its pool a request of `whole`."""
-    k = rp.row.pool[d]
-    wm = pools.row.watermark_blocks[k]
-    return whole <= pools.row.num_blocks[k] - wm and rp.row.free_blocks[d] - need >= wm
 
 
 @njit(**HANDLER)
@@ -258,9 +245,11 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_pref
         if lst[jj] == d:
             at = jj
     found = -1
-    for jj in range(m):
+    for jj in range(m):     # the first from d on that can take `need` blocks now, and its pool `whole`
         c = lst[(at + jj) % m]
-        if fits_nb(pools, rp, c, need, whole):
+        k = rp.row.pool[c]
+        wm = pools.row.watermark_blocks[k]
+        if whole <= pools.row.num_blocks[k] - wm and rp.row.free_blocks[c] - need >= wm:
             found = c
             break
     if found < 0:
@@ -349,6 +338,13 @@ def rejects_nb(cfg, pools, rp, rq, r, i):
         if pools.row.role[q] == C.DECODE and need <= pools.row.num_blocks[q] - pools.row.watermark_blocks[q]:
             return False
     return True
+
+
+@njit(**HANDLER)
+def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
+    """The replica request i arrives at (the reference simulator's `route`)."""
+    return pick_nb(cfg, rq, rp, pools, cache, chains, rp.entry, i, routed,
+                   cfg.router == C.PREFIX_AWARE and cfg.prefix_caching)
 
 
 @njit(inline="always", **HANDLER)

@@ -109,20 +109,6 @@ def run_totals(pool_stats: np.ndarray) -> np.ndarray:
 
 
 @njit(**HANDLER)
-def next_arrival_nb(rq, flow, ctr):
-    """(time, request, from the heap) of the next arrival: the in-order one or the first pending
-    session turn, the in-order one first at equal times."""
-    t = INF
-    i = -1
-    if ctr[NEXT_ARRIVAL] < ctr[SENT]:
-        i = ctr[NEXT_ARRIVAL]
-        t = rq.arrival[i]
-    if flow is not None and ctr[HEAP_N] > 0 and flow.heap_t[0] < t:
-        return flow.heap_t[0], flow.heap_i[0], True
-    return t, i, False
-
-
-@njit(**HANDLER)
 def skip_followups_nb(rq, ctr):
     while ctr[NEXT_ARRIVAL] < ctr[SENT] and rq.followup[ctr[NEXT_ARRIVAL]]:
         ctr[NEXT_ARRIVAL] += 1
@@ -147,7 +133,16 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stat
         t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
         x = ctr[XFER_NEXT]
         t_x = rq.xfer_ev[x] if x >= 0 else INF
-        t_arr, i, from_heap = next_arrival_nb(rq, flow, ctr)
+        # the next arrival: the in-order one or the first pending session turn, the in-order one first
+        # at equal times
+        t_arr = INF
+        i = -1
+        from_heap = False
+        if ctr[NEXT_ARRIVAL] < ctr[SENT]:
+            i = ctr[NEXT_ARRIVAL]
+            t_arr = rq.arrival[i]
+        if flow is not None and ctr[HEAP_N] > 0 and flow.heap_t[0] < t_arr:
+            t_arr, i, from_heap = flow.heap_t[0], flow.heap_i[0], True
         t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
         t = min(min(t_comp, t_x), min(t_arr, t_sch))
         if t >= until and t != INF:

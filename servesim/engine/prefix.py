@@ -273,10 +273,3 @@ def register_nb(cfg, rq, cache, chains, ctr, r, i):
             return
         new_entry_nb(cfg, cache, ctr, b, r)
         rq.n_ref[i] += 1
-
-
-@njit(**HANDLER)
-def cached_prefix_nb(cfg, rq, cache, chains, r, i):
-    """Blocks of request i's chain cached on replica r (GPU or CPU), capped as a hit is."""
-    h, g0, c = lookup_nb(cfg, rq, cache, chains, r, i)
-    return h

@@ -52,15 +52,6 @@ def push_front_nb(q_next, q_head, q_tail, n_waiting, r, i):
 
 
 @njit(**HANDLER)
-def insert_after_nb(q_next, q_tail, n_waiting, r, a, i):
-    q_next[i] = q_next[a]
-    q_next[a] = i
-    if q_tail[r] == a:
-        q_tail[r] = i
-    n_waiting[r] += 1
-
-
-@njit(**HANDLER)
 def pop_front_nb(q_next, q_head, q_tail, n_waiting, r):
     i = q_head[r]
     q_head[r] = q_next[i]
@@ -104,8 +95,12 @@ def preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
         j = rq.q_next[j]
     if a < 0:
         push_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r, v)
-    else:
-        insert_after_nb(rq.q_next, rp.row.q_tail, rp.row.n_waiting, r, a, v)
+    else:       # after a
+        rq.q_next[v] = rq.q_next[a]
+        rq.q_next[a] = v
+        if rp.row.q_tail[r] == a:
+            rp.row.q_tail[r] = v
+        rp.row.n_waiting[r] += 1
     return swap_s
 
 
