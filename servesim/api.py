@@ -473,9 +473,9 @@ def speculative_summary(spec, stats) -> dict:
 
 
 # One small run of each set of features the kernel is compiled for (`servesim warmup`). A feature a
-# run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, the flow
-# between events (session turns, prefill/decode transfers), static batching's padding, speculative
-# decoding (not with static batching: refused). The number of pools is not: their cost tables are the
+# run does not use is absent from its compiled loop (engine/kernel.py): the prefix cache, session
+# turns, the KV transfers of prefill/decode pools, static batching's padding, speculative decoding (not
+# with static batching: refused). The number of pools is not: their cost tables are the
 # rows of one array (engine/kernel.py `cost_inputs`).
 _KV_FEATURES = {
     "": dict(),
@@ -485,10 +485,11 @@ _KV_FEATURES = {
 }
 _BATCHING = {"": dict(), "static batching": dict(scheduler="static"),
              "speculative decoding": dict(speculative="eagle:k=2:acceptance=0.7")}
-_ENGINE_FEATURES = {(", ".join(n for n in (a, b) if n) or "one pool"): kv | batching
-                    for b, batching in _BATCHING.items() for a, kv in _KV_FEATURES.items()}
-_ENGINE_FEATURES["prefill/decode pools"] = dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
-                                                layerwise_transfer=True)
+_POOLS = {"": dict(), "prefill/decode pools": dict(pool=("h100-sxm:tp1:x1:prefill", "h100-sxm:tp1:x1:decode"),
+                                                  layerwise_transfer=True)}
+_ENGINE_FEATURES = {(", ".join(n for n in (a, c, b) if n) or "one pool"): kv | pools | batching
+                    for b, batching in _BATCHING.items() for c, pools in _POOLS.items()
+                    for a, kv in _KV_FEATURES.items()}
 # ... each with both shapes of the step cost (costmodel/features.py): the default dense model compiles
 # the plain one; the full one, which any MoE, MLA, EP or weight-only run compiles, by the same model in int4
 WARMUP_RUNS = {name + suffix: opts | shape for name, opts in _ENGINE_FEATURES.items()

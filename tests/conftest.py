@@ -8,8 +8,9 @@ import types
 import numpy as np
 import pytest
 
-# a run that uses the prefix cache or the flow of turns/transfers compiles the kernel with both: one
-# specialisation for the suite instead of three (engine/kernel.py; the pruned ones: test_golden, slow);
+# a run that uses the prefix cache, session turns, KV transfers or static batching compiles the kernel with
+# all four: one specialisation for the suite instead of 15 (engine/kernel.py; the pruned ones: test_golden,
+# slow);
 # and every run the full step cost (costmodel/features.py; the plain one: test_cost_features)
 os.environ.setdefault("SERVESIM_KERNEL_UNION", "1")
 

@@ -37,9 +37,9 @@ def test_golden_summary_unchanged(name):
 
 @pytest.mark.slow
 def test_golden_summaries_with_the_pruned_kernels():
-    """The suite runs a feature scenario on the kernel compiled with both the prefix cache and the flow
-    (SERVESIM_KERNEL_UNION, conftest.py); a user's run compiles only the features it uses. Both give the
-    golden summaries."""
+    """The suite runs a feature scenario on the kernel compiled with the prefix cache, session turns, KV
+    transfers and static batching (SERVESIM_KERNEL_UNION, conftest.py); a user's run compiles only the
+    features it uses. Both give the golden summaries."""
     code = ("import json, sys, servesim\n"
             "from pathlib import Path\n"
             "bad = []\n"

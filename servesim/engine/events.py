@@ -29,7 +29,7 @@ from .state import (
 
 
 @njit(**HANDLER)
-def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
+def end_nb(cfg, chains, rq, turns, ctr, i, status, now):
     """Request i ends (done or rejected); in a closed loop its client sends the next request, in a
     session the next turn is sent after its think time."""
     rq.status[i] = status
@@ -38,12 +38,12 @@ def end_nb(cfg, chains, rq, flow, ctr, i, status, now):
     if cfg.concurrency > 0 and ctr[SENT] < rq.prompt.shape[0]:
         rq.arrival[ctr[SENT]] = now + cfg.frontend
         ctr[SENT] += 1
-    if flow is None:        # (no sessions: compiled without them)
+    if turns is None:        # (no sessions: compiled without them)
         return
     j = chains.next_turn[i]
     if j >= 0:
         rq.arrival[j] = now + chains.think[j] + cfg.frontend
-        heap_push_nb(flow, ctr, rq.arrival[j], j)
+        heap_push_nb(turns, ctr, rq.arrival[j], j)
 
 
 @njit(**HANDLER)
@@ -54,7 +54,7 @@ def wake_nb(pools, rp, r, at):
 
 
 @njit(inline="always", **HANDLER)
-def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, r, s, now, spec, sp, pad):
+def complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, prefix, gap_hist, r, s, now, spec, sp, pad):
     """The micro-batch in slot s of replica r comes out: tokens are emitted, finished requests free
     their blocks; on a prefill replica a finished prompt goes to a decode replica. ``pad``: static
     batching's padding (`state.new_pad`; None: another policy, pruned)."""
@@ -77,7 +77,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
         lo = sp.row.n[r]                # but those it ends; then its other members as below
         span_complete_nb(cfg, sp, gap_hist, r, now)
         if sp.row.done[r] == sp.row.fin[r]:
-            span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now)
+            span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now)
             freed = True
     for j in range(lo, rp.slot_n[k]):
         i = slot_req[k, j]
@@ -92,11 +92,11 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
             register_nb(cfg, rq, cache, chains, ctr, r, i)
         if computed[i] != prompt[i] + generated[i]:
             continue                # a prefill chunk that does not finish the prompt
-        if flow is not None and prefill_pool and generated[i] == 0 and rq.output[i] > 1:
+        if xfers is not None and prefill_pool and generated[i] == 0 and rq.output[i] > 1:
             drop_running_nb(rp.running, rp.row.n_running, r, i)
             rq.status[i] = C.TRANSFER
             rq.pf_replica[i] = r
-            to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, now - rp.slot_start[k], now)
+            to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, now - rp.slot_start[k], now)
             continue
         generated[i] += 1
         if generated[i] == 1:
@@ -123,7 +123,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
             rq.blocks[i] = 0
             freed = True
             drop_running_nb(rp.running, rp.row.n_running, r, i)
-            end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
+            end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
     rp.slot_n[k] = 0
     if in_span and sp.row.active[r] == 1 and sp.row.n[r] < rp.row.n_running[r]:    # (else none can join)
         span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now)
@@ -131,12 +131,12 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap
         pad[r, PAD_SEQS] = 0
         pad[r, PAD_KV] = 0
     wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
-    if flow is not None and freed and pools.row.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
-        retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now)
+    if xfers is not None and freed and pools.row.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
+        retry_held_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, now)
 
 
 @njit(**HANDLER)
-def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
+def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
     """The span's completion `sp.row.fin` gives members their last token: in running order, each leaves the
     span (`span.leave_nb`) and ends as in `complete_nb`; the running list closes up (as
     `drop_running_nb` would), the span's positions with it; the span's next ending completion. The
@@ -160,7 +160,7 @@ def span_finish_nb(cfg, chains, rq, rp, cache, flow, ctr, sp, r, now):
             rp.row.load[r] -= 1
             release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
             rq.blocks[i] = 0
-            end_nb(cfg, chains, rq, flow, ctr, i, C.DONE, now)
+            end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
     q = first
     for pos in range(first, nr):    # the running list closes up over them
         i = run[r, pos]
@@ -231,7 +231,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
 
 
 @njit(**HANDLER)
-def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_prefill, now):
+def to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, t_prefill, now):
     """Request i's prompt is done on its prefill replica: reserve a decode replica and start the
     transfer of its KV cache, or hold it (with its blocks) until a decode replica has room.
     Returns whether the transfer started."""
@@ -276,16 +276,16 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, t_pref
         left = nbytes - pools.link_bw[P, D] * t_prefill
         last = nbytes / pools.row.n_layers[P]
         nbytes = left if left > last else last
-    start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now)
+    start_transfer_nb(pools, rq, rp, xfers, ctr, i, nbytes, now)
     return True
 
 
 @njit(**HANDLER)
-def retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now):
+def retry_held_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, now):
     """Decode blocks were freed: start the held transfers from the head while they fit."""
     while ctr[HELD_HEAD] >= 0:
         i = ctr[HELD_HEAD]
-        if not to_decode_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, i, -1.0, now):
+        if not to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, -1.0, now):
             return
         ctr[HELD_HEAD] = rq.q_next[i]
         rq.q_next[i] = -1
@@ -294,13 +294,13 @@ def retry_held_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, prefix, now):
 
 
 @njit(**HANDLER)
-def transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
+def transfer_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, i, now):
     """Transfer i moves its last byte (it then ends after the link's latency), or ends: the prefill
     replica frees its blocks, the first token comes out, decoding starts on the decode replica."""
     if math.isnan(rq.xfer_end[i]):
-        bytes_done_nb(pools, rq, rp, flow, ctr, i, now)
+        bytes_done_nb(pools, rq, rp, xfers, ctr, i, now)
         return
-    drop_transfer_nb(rq, flow, ctr, i)
+    drop_transfer_nb(rq, xfers, ctr, i)
     src = rq.pf_replica[i]
     release_nb(cfg, rq, rp, cache, chains, ctr, src, i, rq.src_blocks[i])
     rq.src_blocks[i] = 0
@@ -348,13 +348,13 @@ def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
 
 
 @njit(inline="always", **HANDLER)
-def arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now):
+def arrive_nb(cfg, pools, chains, rq, rp, cache, turns, ctr, i, now):
     """Request i arrives: route it, reject it if it can never fit, else queue it."""
     r = route_nb(cfg, rq, rp, pools, cache, chains, i, ctr[ROUTED])
     ctr[ROUTED] += 1
     rq.replica[i] = r
     if rejects_nb(cfg, pools, rp, rq, r, i):
-        end_nb(cfg, chains, rq, flow, ctr, i, C.REJECTED, now)
+        end_nb(cfg, chains, rq, turns, ctr, i, C.REJECTED, now)
         return
     rq.status[i] = C.WAITING
     push_back_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r, i)

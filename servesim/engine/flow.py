@@ -1,8 +1,10 @@
 """What moves between events outside the replicas' steps: session turns waiting to be sent (a
-binary min-heap on (time, request)) and KV transfers from prefill to decode replicas, which share
-the link out of their prefill replica equally (processor sharing; engine/POOLS.md). A transfer is
-on the link while its `xfer_end` is nan; its bytes done, `xfer_end` is set to that time plus the
-link's latency.
+binary min-heap on (time, request), `state.Turns`) and KV transfers from prefill to decode replicas
+(``xfers``: the requests whose transfer is in flight), which share the link out of their prefill
+replica equally (processor sharing; engine/POOLS.md). A transfer is on the link while its
+`xfer_end` is nan; its bytes done, `xfer_end` is set to that time plus the link's latency. Each is a
+feature of its own: a run without sessions has no turns, one without prefill/decode pools no
+transfers (None, and their code is not compiled: `kernel.simulate_pools`).
 """
 from __future__ import annotations
 
@@ -16,53 +18,53 @@ from .state import HEAP_N, INF, N_ACTIVE, XFER_NEXT
 
 # ------------------------------------------------------------------ session turns
 @njit(**HANDLER)
-def heap_less_nb(flow, a, b):
-    ta = flow.heap_t[a]
-    tb = flow.heap_t[b]
-    return ta < tb or (ta == tb and flow.heap_i[a] < flow.heap_i[b])
+def heap_less_nb(turns, a, b):
+    ta = turns.heap_t[a]
+    tb = turns.heap_t[b]
+    return ta < tb or (ta == tb and turns.heap_i[a] < turns.heap_i[b])
 
 
 @njit(**HANDLER)
-def heap_swap_nb(flow, a, b):
-    t = flow.heap_t[a]
-    flow.heap_t[a] = flow.heap_t[b]
-    flow.heap_t[b] = t
-    i = flow.heap_i[a]
-    flow.heap_i[a] = flow.heap_i[b]
-    flow.heap_i[b] = i
+def heap_swap_nb(turns, a, b):
+    t = turns.heap_t[a]
+    turns.heap_t[a] = turns.heap_t[b]
+    turns.heap_t[b] = t
+    i = turns.heap_i[a]
+    turns.heap_i[a] = turns.heap_i[b]
+    turns.heap_i[b] = i
 
 
 @njit(**HANDLER)
-def heap_push_nb(flow, ctr, t, i):
+def heap_push_nb(turns, ctr, t, i):
     k = ctr[HEAP_N]
     ctr[HEAP_N] += 1
-    flow.heap_t[k] = t
-    flow.heap_i[k] = i
+    turns.heap_t[k] = t
+    turns.heap_i[k] = i
     while k > 0:
         parent = (k - 1) >> 1
-        if not heap_less_nb(flow, k, parent):
+        if not heap_less_nb(turns, k, parent):
             break
-        heap_swap_nb(flow, k, parent)
+        heap_swap_nb(turns, k, parent)
         k = parent
 
 
 @njit(**HANDLER)
-def heap_pop_nb(flow, ctr):
-    i = flow.heap_i[0]
+def heap_pop_nb(turns, ctr):
+    i = turns.heap_i[0]
     n = ctr[HEAP_N] - 1
     ctr[HEAP_N] = n
-    flow.heap_t[0] = flow.heap_t[n]
-    flow.heap_i[0] = flow.heap_i[n]
+    turns.heap_t[0] = turns.heap_t[n]
+    turns.heap_i[0] = turns.heap_i[n]
     k = 0
     while True:
         a = 2 * k + 1
         if a >= n:
             break
         b = a + 1
-        m = b if b < n and heap_less_nb(flow, b, a) else a
-        if not heap_less_nb(flow, m, k):
+        m = b if b < n and heap_less_nb(turns, b, a) else a
+        if not heap_less_nb(turns, m, k):
             break
-        heap_swap_nb(flow, k, m)
+        heap_swap_nb(turns, k, m)
         k = m
     return i
 
@@ -77,13 +79,13 @@ def link_nb(pools, rp, rq, i):
 
 
 @njit(**HANDLER)
-def advance_nb(pools, rq, rp, flow, ctr, src, now):
+def advance_nb(pools, rq, rp, xfers, ctr, src, now):
     """Bring the bytes left of every transfer out of replica src up to now (before its count changes)."""
     n = rp.row.n_xfer[src]
     if n == 0:
         return
     for k in range(ctr[N_ACTIVE]):
-        i = flow.active[k]
+        i = xfers[k]
         if rq.pf_replica[i] == src and math.isnan(rq.xfer_end[i]):
             bw, alpha = link_nb(pools, rp, rq, i)
             left = rq.xfer_left[i] - (now - rq.xfer_t[i]) * bw / n
@@ -92,23 +94,23 @@ def advance_nb(pools, rq, rp, flow, ctr, src, now):
 
 
 @njit(**HANDLER)
-def reprice_nb(pools, rq, rp, flow, ctr, src, now):
+def reprice_nb(pools, rq, rp, xfers, ctr, src, now):
     """The next event of every transfer out of src at its (new) share of the link; then the first of all."""
     n = rp.row.n_xfer[src]
     for k in range(ctr[N_ACTIVE]):
-        i = flow.active[k]
+        i = xfers[k]
         if rq.pf_replica[i] == src and math.isnan(rq.xfer_end[i]):
             bw, alpha = link_nb(pools, rp, rq, i)
             rq.xfer_ev[i] = now + rq.xfer_left[i] * n / bw
-    first_transfer_nb(rq, flow, ctr)
+    first_transfer_nb(rq, xfers, ctr)
 
 
 @njit(**HANDLER)
-def first_transfer_nb(rq, flow, ctr):
+def first_transfer_nb(rq, xfers, ctr):
     best = -1
     t = INF
     for k in range(ctr[N_ACTIVE]):
-        i = flow.active[k]
+        i = xfers[k]
         if rq.xfer_ev[i] < t or (rq.xfer_ev[i] == t and best >= 0 and i < best):
             t = rq.xfer_ev[i]
             best = i
@@ -116,18 +118,18 @@ def first_transfer_nb(rq, flow, ctr):
 
 
 @njit(**HANDLER)
-def start_transfer_nb(pools, rq, rp, flow, ctr, i, nbytes, now):
+def start_transfer_nb(pools, rq, rp, xfers, ctr, i, nbytes, now):
     src = rq.pf_replica[i]
-    advance_nb(pools, rq, rp, flow, ctr, src, now)
+    advance_nb(pools, rq, rp, xfers, ctr, src, now)
     rp.row.n_xfer[src] += 1
-    flow.active[ctr[N_ACTIVE]] = i
+    xfers[ctr[N_ACTIVE]] = i
     ctr[N_ACTIVE] += 1
     rq.xfer_start[i] = now
     rq.xfer_left[i] = nbytes
     rq.xfer_t[i] = now
     if nbytes <= 0.0:       # nothing to move: only the latency
         leave_link_nb(pools, rq, rp, i, src, now)
-    reprice_nb(pools, rq, rp, flow, ctr, src, now)
+    reprice_nb(pools, rq, rp, xfers, ctr, src, now)
 
 
 @njit(**HANDLER)
@@ -141,19 +143,19 @@ def leave_link_nb(pools, rq, rp, i, src, now):
 
 
 @njit(**HANDLER)
-def bytes_done_nb(pools, rq, rp, flow, ctr, i, now):
+def bytes_done_nb(pools, rq, rp, xfers, ctr, i, now):
     """Transfer i has moved its last byte: it leaves the link; it ends after the link's latency."""
     src = rq.pf_replica[i]
-    advance_nb(pools, rq, rp, flow, ctr, src, now)
+    advance_nb(pools, rq, rp, xfers, ctr, src, now)
     leave_link_nb(pools, rq, rp, i, src, now)
-    reprice_nb(pools, rq, rp, flow, ctr, src, now)
+    reprice_nb(pools, rq, rp, xfers, ctr, src, now)
 
 
 @njit(**HANDLER)
-def drop_transfer_nb(rq, flow, ctr, i):
+def drop_transfer_nb(rq, xfers, ctr, i):
     for k in range(ctr[N_ACTIVE]):
-        if flow.active[k] == i:
+        if xfers[k] == i:
             ctr[N_ACTIVE] -= 1
-            flow.active[k] = flow.active[ctr[N_ACTIVE]]
+            xfers[k] = xfers[ctr[N_ACTIVE]]
             break
-    first_transfer_nb(rq, flow, ctr)
+    first_transfer_nb(rq, xfers, ctr)

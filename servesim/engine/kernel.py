@@ -34,7 +34,7 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
     STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, kernel_pools,
-    new_cache, new_counters, new_flow, new_log, new_pad, new_replicas, new_requests, new_span, new_step,
+    new_cache, new_counters, new_log, new_pad, new_replicas, new_requests, new_span, new_step, new_turns, new_xfers,
 )
 
 
@@ -64,22 +64,23 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     rp = new_replicas(cfg, pools)
     # features the run does not use are None: numba prunes their branches, and compiles the loop
     # without them (one specialisation per feature set, each cached): the prefix cache (only when some
-    # chain lists a block: without one it would stay empty), the flow of session turns and KV
-    # transfers, static batching's padding, speculative decoding
+    # chain lists a block: without one it would stay empty), session turns, KV transfers between
+    # prefill and decode pools, static batching's padding, speculative decoding
     use_cache = bool(cfg.prefix_caching) and chains.ids.shape[0] > 0
     pd = bool(np.any(pools.role == C.DECODE))
-    use_flow = pd or bool(np.any(chains.next_turn >= 0))
+    use_turns = bool(np.any(chains.next_turn >= 0))
     static = cfg.policy == C.STATIC
-    union = (use_cache or use_flow or static) and os.environ.get("SERVESIM_KERNEL_UNION") == "1"
+    union = (use_cache or use_turns or pd or static) and os.environ.get("SERVESIM_KERNEL_UNION") == "1"
     if union:
-        # a run with any of the three gets all three, the unused ones empty (the same records:
-        # tests/test_golden.py checks both ways); the test suite sets it, so seven specialisations
+        # a run with any of the four gets all four, the unused ones empty (the same records:
+        # tests/test_golden.py checks both ways); the test suite sets it, so fifteen specialisations
         # compile as one. A cache is added only where no chain lists a block: one present would
         # register and look up chains that a run with prefix caching off ignores.
-        use_flow = True
+        use_turns = True
         use_cache = use_cache or chains.ids.shape[0] == 0
     cache = new_cache(cfg, pools, ctr, room=union) if use_cache else None
-    flow = new_flow(n, pd) if use_flow else None
+    turns = new_turns(n) if use_turns else None
+    xfers = new_xfers(n if pd else 1) if pd or union else None
     log = new_log(cfg.log_size)
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
     prefix = np.zeros(C.N_PREFIX)
@@ -93,8 +94,8 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
         dtabs = cost_inputs(dps, pools) if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
     fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
-    now, _ = run_nb(tabs, fs, cfg, kernel_pools(pools), chains, rq, rp, cache, flow, new_step(cfg.max_num_seqs), log,
-                    ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
+    now, _ = run_nb(tabs, fs, cfg, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
+                    log, ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
     end_run_nb(cfg, rq, rp, sp, pool_stats, now)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,
                          prefix)._replace(span_iterations=int(sp.count[0]))
@@ -120,7 +121,7 @@ RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 
 
 @njit(cache=True, _nrt=False)
-def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
+def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
            pad, now, until):
     """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
     event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
@@ -141,8 +142,8 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stat
         if ctr[NEXT_ARRIVAL] < ctr[SENT]:
             i = ctr[NEXT_ARRIVAL]
             t_arr = rq.arrival[i]
-        if flow is not None and ctr[HEAP_N] > 0 and flow.heap_t[0] < t_arr:
-            t_arr, i, from_heap = flow.heap_t[0], flow.heap_i[0], True
+        if turns is not None and ctr[HEAP_N] > 0 and turns.heap_t[0] < t_arr:
+            t_arr, i, from_heap = turns.heap_t[0], turns.heap_i[0], True
         t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
         t = min(min(t_comp, t_x), min(t_arr, t_sch))
         if t >= until and t != INF:
@@ -153,17 +154,17 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, flow, step, log, ctr, stat
             return now, RUN_CUT
         now = t
         if t_comp <= t:
-            complete_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, stats, prefix, gap_hist, k // cfg.pp,
+            complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, prefix, gap_hist, k // cfg.pp,
                         k % cfg.pp, now, spec, sp, pad)
-        elif flow is not None and t_x <= t:
-            transfer_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, x, now)
+        elif xfers is not None and t_x <= t:
+            transfer_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, x, now)
         elif t_arr <= t:
-            if flow is not None and from_heap:
-                heap_pop_nb(flow, ctr)
+            if turns is not None and from_heap:
+                heap_pop_nb(turns, ctr)
             else:
                 ctr[NEXT_ARRIVAL] += 1
                 skip_followups_nb(rq, ctr)
-            arrive_nb(cfg, pools, chains, rq, rp, cache, flow, ctr, i, now)
+            arrive_nb(cfg, pools, chains, rq, rp, cache, turns, ctr, i, now)
         else:
             schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
                         sp, pad)

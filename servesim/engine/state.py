@@ -164,7 +164,7 @@ ROUTED_D = 7                # transfers routed to decode replicas (round-robin)
 HEAP_N = 8                  # session turns pending in the arrival heap
 HELD_HEAD = 9               # requests waiting for a decode replica: a FIFO through the requests' q_next
 HELD_TAIL = 10
-N_ACTIVE = 11               # KV transfers in flight (Flow.active)
+N_ACTIVE = 11               # KV transfers in flight (the first N_ACTIVE of xfers, `new_xfers`)
 XFER_NEXT = 12              # the transfer that ends first (-1: none)
 ENTRIES_FREE = 13           # unused prefix-cache entries on the stack (Cache.free_stack)
 N_COUNTERS = 14
@@ -260,11 +260,10 @@ class Cache(NamedTuple):
     val: np.ndarray             # table: entry
 
 
-class Flow(NamedTuple):
-    """Session turns waiting to be sent (a binary min-heap on (time, request)) and KV transfers in flight."""
+class Turns(NamedTuple):
+    """Session turns waiting to be sent: a binary min-heap on (time, request)."""
     heap_t: np.ndarray
     heap_i: np.ndarray
-    active: np.ndarray          # requests whose KV transfer is in flight
 
 
 class Spec(NamedTuple):
@@ -396,9 +395,13 @@ def new_cache(cfg, pools, ctr, room: bool = False):
                  np.full(H, -1, np.int64), np.zeros(H, np.int64))
 
 
-def new_flow(n, pd):
-    m = n if pd else 1
-    return Flow(np.zeros(n), np.zeros(n, np.int64), np.zeros(m, np.int64))
+def new_turns(n):
+    return Turns(np.zeros(n), np.zeros(n, np.int64))
+
+
+def new_xfers(n):
+    """The requests whose KV transfer is in flight (room for ``n``)."""
+    return np.zeros(n, np.int64)
 
 
 def new_span(cfg):

@@ -102,7 +102,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        now, why = run_nb(tabs, fs, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, step, log, ctr,
+        now, why = run_nb(tabs, fs, cfg, kp, no_chains(rq.shape[0]), rq, rp, None, None, None, step, log, ctr,
                           pool_stats, prefix, gap_hist, None, None, sp, pad, now, until)
         n_chunks += 1
         cut = why == RUN_CUT
