@@ -191,7 +191,7 @@ def ensure_fresh() -> None:
 # ------------------------------------------------------------------ the cold-compile notice
 # CPU seconds of a plain run's cold compile on this project's 2-core machine
 # (experiments/compile_times.py; the figures in experiments/results/compile_times.md).
-COLD_COMPILE_S = 23
+COLD_COMPILE_S = 18
 NOTICE = "compiling the simulator (first run only, about {s} s)"
 _notice = {"installed": False, "said": False}
 

@@ -161,7 +161,8 @@ def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     attn = _gemms_bytes_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
     b = p[F.n_dense_layers] * (attn + _gemms_bytes_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
     if moe is not None and p[F.n_moe_layers] > 0.0:
-        if ep is not None and p[F.ep] > 1.0:    # the slowest EP rank's experts (every rank counted as it: an upper bound)
+        # with EP the slowest EP rank's experts (every rank counted as it: an upper bound)
+        if ep is not None and p[F.ep] > 1.0:
             pairs, touched = rank_load_of_nb(p, moe_tok)
             rows = pairs / touched if touched > 0.0 else 0.0
         else:

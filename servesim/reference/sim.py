@@ -1009,8 +1009,8 @@ class ReferenceSimulator:
                                        kv_dec)
         draft = 0.0
         if self.spec is not None and n_spec > 0 and self.spec.draft:
-            draft = draft_time_nb(self.dtabs[rep.pool], *self.fs, self.ps[rep.pool].attn_dp, n_spec, kv_spec, self.spec.k,
-                                  self.spec.proj)
+            draft = draft_time_nb(self.dtabs[rep.pool], *self.fs, self.ps[rep.pool].attn_dp, n_spec, kv_spec,
+                                  self.spec.k, self.spec.proj)
         latency = cost.latency + step.swap_s + draft
         interval = cost.interval + step.swap_s + draft
         if self.spec is not None and n_spec > 0:
