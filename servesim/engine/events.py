@@ -524,7 +524,7 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
 def log_iteration_nb(log, ctr, now, r, nb, tokens, kv_in_use, waiting):
     """Decimated iteration log: when full, keep every other sample and double the stride."""
     it = ctr[ITERATIONS] - 1
-    if it % ctr[LOG_STRIDE] != 0:
+    if it & (ctr[LOG_STRIDE] - 1) != 0:     # (it % stride: the stride is a power of two)
         return
     L = log.time.shape[0]
     if ctr[LOG_COUNT] == L:
@@ -537,7 +537,7 @@ def log_iteration_nb(log, ctr, now, r, nb, tokens, kv_in_use, waiting):
             log.waiting[k] = log.waiting[2 * k]
         ctr[LOG_COUNT] = L // 2
         ctr[LOG_STRIDE] *= 2
-    if it % ctr[LOG_STRIDE] == 0:
+    if it & (ctr[LOG_STRIDE] - 1) == 0:
         n = ctr[LOG_COUNT]
         log.time[n] = now
         log.replica[n] = r

@@ -97,8 +97,9 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     now, _ = run_nb(tabs, fs, cfg, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
                     log, ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
     end_run_nb(cfg, rq, rp, sp, pool_stats, now)
-    return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats,
-                         prefix)._replace(span_iterations=int(sp.count[0]))
+    transfers = bool(np.any(pools.role != C.MIXED))     # (a prefill or decode pool: KV transfers)
+    return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats, prefix,
+                         transfers)._replace(span_iterations=int(sp.count[0]))
 
 
 def run_totals(pool_stats: np.ndarray) -> np.ndarray:
