@@ -1,13 +1,16 @@
 """Where the time of the standard case goes (experiments/bench_speed.py's run), phase by phase.
 
-    python experiments/profile_speed.py [--requests 1000000] [--no-fast-forward]
+    python experiments/profile_speed.py [--requests 1000000] [--no-fast-forward] [--cpu] [--runs 2]
 
 Times each stage of one `servesim.simulate` of the standard case (llama-3.1-8b on h100-sxm, 4 replicas,
 chat at 80% of the simulated capacity) with a warm numba cache, best of two runs: workload sampling,
 the lowering of the requests, the kernel, the request columns and the summary's metrics (NumPy); counts the
 iterations run as decode spans (engine/span.py); and times one call of the step cost
 (`iteration_components_nb`) at a typical decode batch, in a jitted loop, to say how much of the
-kernel is the cost model.
+kernel is the cost model. The kernel's time includes the allocation of its state and the gathering of
+its records; the event loop's own (`kernel.run_nb`) is given under it. ``--cpu``: each phase's CPU
+time (this thread's, `time.thread_time`) instead of wall time, steadier on a machine shared with
+other jobs.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 
 import servesim
 import servesim.api as api
+import servesim.engine.kernel as kernel
 
 
 def cost_call_ns(params, calls: int = 1_000_000) -> float:
@@ -49,7 +53,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--no-fast-forward", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="CPU time of this thread instead of wall time")
+    ap.add_argument("--runs", type=int, default=2, help="timed runs; the quickest is reported")
     args = ap.parse_args()
+    clock = time.thread_time if args.cpu else time.perf_counter
     cap = servesim.simulate(replicas=4, offline=True, num_requests=20000, seed=1).summary
     rate = 0.8 * cap["throughput"]["requests_per_s"]
     phases = {}
@@ -57,9 +64,9 @@ def main():
 
     def timed(name, f):
         def g(*a, **k):
-            t0 = time.perf_counter()
+            t0 = clock()
             out = f(*a, **k)
-            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+            phases[name] = phases.get(name, 0.0) + clock() - t0
             if name == "kernel":
                 seen["spans"] = out.span_iterations
                 seen["inputs"] = a[0]
@@ -69,13 +76,14 @@ def main():
     for name, attr in (("sampling", "build_requests"), ("lowering", "lower_requests"), ("kernel", "run"),
                        ("request columns", "requests_columns"), ("metrics", "summarize")):
         setattr(api, attr, timed(name, getattr(api, attr)))
+    kernel.run_nb = timed("event loop", kernel.run_nb)
     best = None
-    for _ in range(2):
+    for _ in range(args.runs):
         phases.clear()
-        t0 = time.perf_counter()
+        t0 = clock()
         res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0,
                                 fast_forward=not args.no_fast_forward)
-        wall = time.perf_counter() - t0
+        wall = clock() - t0
         if best is None or wall < best[0]:
             best = (wall, dict(phases))
     wall, phases = best
@@ -83,9 +91,13 @@ def main():
     print(f"{args.requests:,} requests, {its:,} iterations ({its / args.requests:.2f} per request), "
           f"fast-forward {'off' if args.no_fast_forward else 'on'}: {seen['spans']:,} iterations in spans "
           f"({seen['spans'] / its:.0%})")
-    print(f"whole run {wall:.2f} s ({args.requests / wall:,.0f} requests/s), best of 2")
+    print(f"whole run {wall:.2f} {'CPU ' if args.cpu else ''}s ({args.requests / wall:,.0f} requests/s), "
+          f"best of {args.runs}")
+    loop = phases.pop("event loop")
     for name, s in phases.items():
         print(f"  {name:14s} {s:6.2f} s  {s / wall:4.0%}")
+        if name == "kernel":
+            print(f"    {'event loop':12s} {loop:6.2f} s  {loop / wall:4.0%}")
     print(f"  {'other':14s} {wall - sum(phases.values()):6.2f} s")
     ns = cost_call_ns(seen["inputs"].ps[0])
     print(f"kernel per iteration {phases['kernel'] / its * 1e9:,.0f} ns, of which one step cost "
