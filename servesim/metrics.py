@@ -370,17 +370,23 @@ def _throughput_ci(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
     sum(time) = window (`intervals.ratio_ci`, batches sized from the autocorrelation of the gaps and
     of the tokens). A rate is never negative: lower bounds are clipped at 0."""
     order = np.argsort(done["finish_s"], kind="stable")
-    f = done["finish_s"][order].astype(np.float64)
-    if f.size == 0:
+    f = np.asarray(done["finish_s"][order], np.float64)
+    m = f.size
+    if m == 0:
         return {k: [None, None] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
                                           "output_tokens_per_s_per_gpu", "total_tokens_per_s")}
-    gaps = np.append(np.diff(f, prepend=t0), max(t0 + window - f[-1], 0.0))
-    inp = np.append(done["prompt_tokens"][order].astype(np.float64), 0.0)
-    outp = np.append(done["output_tokens"][order].astype(np.float64), 0.0)
-    ones = np.append(np.ones_like(f), 0.0)
-    b = max(CI.batch_size(gaps), CI.batch_size(inp + outp), CI.batch_size(outp))
+    gaps = np.empty(m + 1)      # each completion's gap since the one before (the first: since t0), then the rest
+    gaps[0] = f[0] - t0
+    np.subtract(f[1:], f[:-1], out=gaps[1:m])
+    gaps[m] = max(t0 + window - f[-1], 0.0)
+    inp, outp, ones = np.empty(m + 1), np.empty(m + 1), np.ones(m + 1)     # rewards, a last 0 with the rest
+    inp[:m] = done["prompt_tokens"][order]
+    outp[:m] = done["output_tokens"][order]
+    inp[m] = outp[m] = ones[m] = 0.0
+    tot = inp + outp
+    b = max(CI.batch_size(gaps), CI.batch_size(tot), CI.batch_size(outp))
     out = {k: CI.ratio_ci(v, gaps, b) for k, v in (("requests_per_s", ones), ("input_tokens_per_s", inp),
-                                                     ("output_tokens_per_s", outp), ("total_tokens_per_s", inp + outp))}
+                                                     ("output_tokens_per_s", outp), ("total_tokens_per_s", tot))}
     out["output_tokens_per_s_per_gpu"] = [None if v is None else v / n_gpus for v in out["output_tokens_per_s"]]
     return {k: [None if v[0] is None else max(v[0], 0.0), v[1]] for k, v in out.items()}
 
