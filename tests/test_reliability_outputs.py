@@ -300,3 +300,24 @@ def test_sweep_saves_points_and_a_rerun_skips_identical_ones(tmp_path, monkeypat
     for p in (tmp_path / "points").glob("*.json"):
         p.write_text("{not json")                     # unreadable points are computed again
     assert cli(*args).exit_code == 0 and sorted(calls) == [2, 4]
+
+
+def test_signal_as_the_staging_folder_is_made_leaves_none(tmp_path, monkeypatch):
+    """A SIGTERM delivered the moment the staging folder exists (before servesim holds its name) is
+    held until it does, so the interrupt removes it."""
+    import tempfile
+
+    from servesim.outputs import Terminated, signal_handlers
+    real = tempfile.mkdtemp
+
+    def mkdtemp_then_signal(*a, **kw):
+        d = real(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return d
+
+    out = tmp_path / "out"
+    with signal_handlers(), pytest.raises(Terminated):
+        with OutputDir(out, "-o", "servesim simulate") as o:
+            monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_signal)
+            (o.stage / "x.txt").write_text("x")
+    assert leftovers(out) == []

@@ -55,16 +55,27 @@ def signal_handlers():
 
 @contextlib.contextmanager
 def _signals_blocked():
-    """Hold SIGINT / SIGTERM while cleaning up or renaming, so a second signal cannot cut it short;
-    they are delivered when the block ends."""
-    main = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
-    if main:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Hold SIGINT / SIGTERM while cleaning up or renaming, so a signal cannot cut it short; the first
+    one held is handled as the block ends. Held in Python, by handlers that note it: a signal mask
+    would hold it only in this thread, and the kernel hands a process's signal to any thread that
+    does not mask it (numpy's BLAS threads), whose arrival Python then handles at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: held.append(signum))
+              for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        if main:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, h in before.items():
+            signal.signal(s, h)
+        if held:
+            h = before[held[0]]
+            if callable(h):
+                h(held[0], None)        # raises (KeyboardInterrupt, Terminated) or holds it further out
+            elif h == signal.SIG_DFL:
+                os.kill(os.getpid(), held[0])
 
 
 def signal_name(exc: BaseException) -> str:
@@ -171,13 +182,20 @@ def atomic_file(path, option: str = "-o"):
     target = check_output_file(path, option)
     if target.is_symlink():
         target = target.resolve()
+    tmp = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial" + target.suffix, dir=target.parent)
-        os.close(fd)
+        with _signals_blocked():    # a signal waits until the temporary file's name is held
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial" + target.suffix,
+                                        dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
     except OSError as e:
         raise ConfigError(f"{option} {path}: cannot write there ({_why(e)})") from None
-    tmp = Path(tmp)
+    except (KeyboardInterrupt, Terminated):
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise
     try:
         yield tmp
         with _signals_blocked():
@@ -238,7 +256,8 @@ class OutputDir:
     def stage(self) -> Path:
         if self._stage is None:
             try:
-                self._stage = Path(tempfile.mkdtemp(prefix=f"{_STAGE_PREFIX}{os.getpid()}-", dir=self.path))
+                with _signals_blocked():    # a signal waits until the folder's name is held (discard removes it)
+                    self._stage = Path(tempfile.mkdtemp(prefix=f"{_STAGE_PREFIX}{os.getpid()}-", dir=self.path))
             except OSError as e:
                 raise ConfigError(f"{self.option} {self.path}: cannot write there ({_why(e)})") from None
         return self._stage
