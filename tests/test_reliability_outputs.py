@@ -138,9 +138,16 @@ def _env():
     return env
 
 
+def _default_sigint():
+    # a test run started in the background of a shell (`pytest &`) ignores SIGINT, and a child inherits
+    # that (as a shell's background job should); these children must see it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _servesim(args, cwd, **kw):
     return subprocess.Popen([sys.executable, "-m", "servesim", *map(str, args)], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint, **kw)
 
 
 def _wait_for(predicate, proc, timeout=60.0):
