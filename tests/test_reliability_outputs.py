@@ -184,14 +184,13 @@ def test_signal_while_simulate_writes_keeps_the_previous_output(tmp_path, sig, s
         proc = _servesim(["simulate", "--num-requests", n, "--rate", "30", "-o", out], tmp_path)
         writing = _wait_for(lambda: any(p.name.startswith(".servesim-partial-") for p in out.iterdir()), proc)
         if writing and proc.poll() is None:
-            proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode != 0:
             break
-        # the run finished before the signal could be sent, or the signal came as the process was
-        # exiting, its output complete (a loaded machine): nothing lost; a longer run
-        assert _consistent_simulate_output(out) == n
+        # the run finished its writing before the signal could be sent (a loaded machine): a longer one
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0 and _consistent_simulate_output(out) == n
         before = {p.name: p.read_bytes() for p in out.iterdir()}
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
     assert writing, "the run ended before it started writing; use more requests"
     assert proc.returncode == status, err
     lines = err.strip().splitlines()
