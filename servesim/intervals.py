@@ -25,6 +25,7 @@ MAX_BATCH_CORR = 0.02  # batch size: adjacent batch means correlated at most thi
                        # (Law & Kelton sec. 9.5.3), so the half-width by ~2%
 MIN_VALUES = 3 * K_MIN  # fewer values: no interval (None)
 GROUP_ABOVE = 1 << 16  # longer series: the batch size is chosen on means of groups of g values (below)
+JIT_ABOVE = 1 << 16    # longer series: the batch means in one jitted pass (`_se_of`)
 
 
 def autocorrelation(x: np.ndarray) -> np.ndarray:
@@ -113,21 +114,33 @@ def _se(x: np.ndarray, k: int) -> tuple[float, float]:
     b = n // k: var = n b / ((n - b + 1)(n - b)) sum_j (B_j - mean)^2 over all n - b + 1 batches, on
     1.5 (k - 1) degrees of freedom, 1.5 times those of k separate batches for the same bias (Meketon &
     Schmeiser 1984, "Overlapping batch means: something for nothing?", Proc. Winter Simulation Conf.)."""
-    c = np.empty(x.shape[0] + 1)
-    np.subtract(x, x.mean(), out=c[1:])
-    return _se_centred(c, k)
+    return _se_of(x, float(x.mean()), k)
 
 
-def _se_centred(c: np.ndarray, k: int) -> tuple[float, float]:
-    """`_se` of a series already less its mean, held in c[1:] (c is overwritten: it becomes the prefix
-    sums). In place, so that a million values cost two arrays, not six."""
-    n = c.shape[0] - 1
+def _se_of(x: np.ndarray, shift: float, k: int, m: float | None = None) -> tuple[float, float]:
+    """`_se` of the series v = x - shift (``shift`` its mean) or, with ``m``, of the indicator
+    v = 1{x <= shift} - m (m its mean), without making v. A series longer than JIT_ABOVE goes through
+    `batchmeans.batch_squares_nb` (one pass, the same values to the last bit); a shorter one through
+    NumPy, in place (two arrays of n values), sparing the compile of that loop to small runs."""
+    n = x.shape[0]
     b = n // k
-    c[0] = 0.0
-    np.cumsum(c[1:], out=c[1:])
-    bm = c[b:] - c[:-b]
-    bm /= b
-    bm *= bm
+    if n > JIT_ABOVE:
+        from .batchmeans import batch_squares_nb
+        bm = np.empty(n - b + 1)
+        batch_squares_nb(x, shift, 0.0 if m is None else m, m is not None, b, bm)
+    else:
+        c = np.empty(n + 1)
+        v = c[1:]
+        if m is None:
+            np.subtract(x, shift, out=v)
+        else:
+            np.less_equal(x, shift, out=v)      # the indicator, as 0.0 / 1.0
+            v -= m
+        c[0] = 0.0
+        np.cumsum(v, out=v)
+        bm = c[b:] - c[:-b]
+        bm /= b
+        bm *= bm
     var = n * b / ((n - b + 1) * (n - b)) * float(np.sum(bm))
     return math.sqrt(var / n), 1.5 * (k - 1)
 
@@ -204,11 +217,8 @@ def quantile_ci_ranks(x: np.ndarray, xq: float, q: float, b: int) -> tuple[int, 
     """The ranks of `quantile_ci`'s bounds (beyond 0..n-1: no bound on that side), ``xq`` the
     q-quantile of x."""
     n = x.shape[0]
-    c = np.empty(n + 1)
-    ind = c[1:]
-    np.less_equal(x, xq, out=ind)       # the indicator, as 0.0 / 1.0
-    ind -= ind.mean()
-    se, df = _se_centred(c, num_batches(n, b))
+    m = np.count_nonzero(x <= xq) / n   # the indicator's mean (a sum of 0.0 / 1.0 is exact: as its .mean())
+    se, df = _se_of(x, xq, num_batches(n, b), m)
     half = _t(df) * n * max(se, math.sqrt(q * (1 - q) / n))
     return math.floor(n * q - half), math.ceil(n * q + half)
 

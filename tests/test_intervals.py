@@ -186,3 +186,50 @@ def test_t_table_is_scipys_stdtrit_for_every_df_used():
         assert T975[df] == float(stdtrit(df, 0.975)), df
         assert I._t(df) == float(stdtrit(df, 0.975))
     assert I._t(100.0) == float(stdtrit(100.0, 0.975)) and 100.0 not in T975
+
+
+def _numpy_batch_squares(v: np.ndarray, b: int) -> np.ndarray:
+    """The squared overlapping batch means of v as NumPy computes them (prefix sums, differences)."""
+    c = np.concatenate(([0.0], np.cumsum(v)))
+    bm = (c[b:] - c[:-b]) / b
+    return bm * bm
+
+
+def test_jitted_batch_means_are_numpys_to_the_last_bit():
+    """batchmeans.batch_squares_nb (series longer than JIT_ABOVE) gives NumPy's values bit for bit,
+    for a series less its mean and for a centred indicator, at every batch size the intervals use."""
+    from servesim.batchmeans import batch_squares_nb
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        n = int(rng.integers(I.MIN_VALUES, 5000)) if trial < 50 else int(rng.integers(100_000, 300_000))
+        x = rng.lognormal(size=n) * 10.0 ** rng.integers(-3, 4)
+        if trial % 3 == 0:
+            x = np.round(x, 1)          # ties
+        b = n // I.num_batches(n, int(rng.integers(1, n)))
+        out = np.empty(n)
+        mu = float(x.mean())
+        k = batch_squares_nb(x, mu, 0.0, False, b, out)
+        assert np.array_equal(out[:k], _numpy_batch_squares(x - mu, b)), (n, b)
+        xq = float(x[rng.integers(n)])
+        ind = (x <= xq).astype(np.float64)
+        m = np.count_nonzero(x <= xq) / n
+        assert m == ind.mean()
+        k = batch_squares_nb(x, xq, m, True, b, out)
+        assert np.array_equal(out[:k], _numpy_batch_squares(ind - ind.mean(), b)), (n, b)
+
+
+def test_intervals_are_the_same_through_numpy_and_the_jitted_pass(monkeypatch):
+    """mean, quantile and ratio intervals of a long series: the same floats with and without the jit."""
+    rng = np.random.default_rng(12)
+    x = ar1(I.JIT_ABOVE + 4321, 0.7, rng) + 5.0
+    den = rng.exponential(size=x.size)
+    b = I.batch_size(x)
+
+    def figures():
+        xs = np.sort(x)
+        return (I.mean_ci(x, b), I.ratio_ci(x, den, b), I._se(x, 7)) + tuple(
+            I.quantile_ci_ranks(x, I.sorted_quantile(xs, q), q, b) for q in (0.5, 0.9, 0.99))
+
+    jitted = figures()
+    monkeypatch.setattr(I, "JIT_ABOVE", x.size)
+    assert figures() == jitted
