@@ -26,6 +26,8 @@ MAX_BATCH_CORR = 0.02  # batch size: adjacent batch means correlated at most thi
 MIN_VALUES = 3 * K_MIN  # fewer values: no interval (None)
 GROUP_ABOVE = 1 << 16  # longer series: the batch size is chosen on means of groups of g values (below)
 JIT_ABOVE = 1 << 16    # longer series: the batch means in one jitted pass (`_se_of`)
+BRACKET_ABOVE = 1 << 16  # longer series: order statistics read from bands bracketed by a sample (`Ranked`)
+SAMPLE = 8192          # ... of about this many values
 
 
 def autocorrelation(x: np.ndarray) -> np.ndarray:
@@ -161,20 +163,40 @@ def quantile_ranks(n: int, q: float) -> tuple[int, int]:
 
 
 class Ranked:
-    """The values np.sort(x) holds at the ranks asked for, read without sorting x: `need` partitions a
-    copy of x around a batch of ranks (np.partition, O(n) where a sort is O(n log n)) and keeps the
-    value at each; ``ranked[i]`` is then sorted(x)[i]. Stands in for the sorted array in
-    `sorted_quantile` and `quantile_ci`. A rank known already splits the copy: the values before it
-    are the smaller ones, so a later rank is found by partitioning only the stretch between the known
-    ranks around it."""
+    """The values np.sort(x) holds at the ranks asked for, read without sorting x; ``ranked[i]`` is
+    then sorted(x)[i]. Stands in for the sorted array in `sorted_quantile` and `quantile_ci`.
+
+    A series of up to BRACKET_ABOVE values: `need` partitions a copy of x around a batch of ranks
+    (np.partition, O(n) where a sort is O(n log n)) and keeps the value at each. A rank known
+    already splits the copy: the values before it are the smaller ones, so a later rank is found by
+    partitioning only the stretch between the known ranks around it.
+
+    A longer one: each rank is first looked for in a band of values bracketed from a sorted sample
+    of x (every s-th value; the sample selection of Floyd & Rivest, "Expected time bounds for
+    selection", CACM 18(3):165-172, 1975): with c values of x below the band, sorted(x)[r] is
+    sorted(band)[r - c] when c <= r < c + len(band), else (a sample that misjudged x) the rank goes
+    to the partitions above. The band is kept, so the intervals' bounds near a quantile are read
+    from it. Each band costs a few passes over x and a partition of ~3% of it, where a partition of
+    x visits it several times over."""
 
     def __init__(self, x: np.ndarray, ranks=()):
-        self.shape, self._work, self._at = x.shape, np.array(x, dtype=np.float64), {}
+        self.shape, self._x = x.shape, np.asarray(x, dtype=np.float64)
+        self._at, self._split, self._work = {}, [], None     # all ranks read; those that split the copy
+        self._sample, self._bands = None, []    # bands: (values below, the band's values, lowest, highest)
+        n = x.shape[0]
+        if n > BRACKET_ABOVE:
+            self._sample = np.sort(self._x[:: n // SAMPLE])
         self.need(ranks)
 
     def need(self, ranks) -> None:
         new = sorted({int(r) for r in ranks if 0 <= r < self.shape[0]} - self._at.keys())
-        known = sorted(self._at)
+        if self._sample is not None:
+            new = self._from_bands(new)
+        if not new:
+            return
+        if self._work is None:
+            self._work = np.array(self._x)
+        known = self._split
         stretches = {}      # (first, end) of a stretch between known ranks -> the new ranks in it
         for r in new:
             j = bisect.bisect(known, r)
@@ -183,6 +205,41 @@ class Ranked:
         for (a, b), rs in stretches.items():
             self._work[a:b].partition([r - a for r in rs])
             self._at.update((r, self._work[r]) for r in rs)
+        self._split = sorted(known + new)
+
+    def _from_bands(self, ranks: list[int]) -> list[int]:
+        """Reads ``ranks`` from bands (kept, or bracketed now); returns those no band holds."""
+        n, m = self.shape[0], self._sample.shape[0]
+        left, wanted = [], {}
+        for r in ranks:
+            band = next((bd for bd in self._bands if bd[0] <= r < bd[0] + bd[1].shape[0]), None)
+            if band is None:
+                q = r / (n - 1)
+                w = int(3.0 * math.sqrt(m * q * (1.0 - q))) + 8     # ~3 sd of the sample's rank, and more
+                j = int(q * (m - 1))
+                band = self._band(self._sample[max(j - w, 0)], self._sample[min(j + w + 1, m - 1)])
+                if not band[0] <= r < band[0] + band[1].shape[0]:
+                    left.append(r)
+                    continue
+            wanted.setdefault(id(band), (band, []))[1].append(r)
+        for (c, v, _, _), rs in wanted.values():
+            v.partition([r - c for r in rs])
+            self._at.update((r, v[r - c]) for r in rs)
+        return left
+
+    def _band(self, lo: float, hi: float):
+        """x's values in [lo, hi], widened to take in the kept bands it overlaps, and kept."""
+        overlap = [bd for bd in self._bands if bd[2] <= hi and lo <= bd[3]]
+        for bd in overlap:
+            lo, hi = min(lo, bd[2]), max(hi, bd[3])
+        self._bands = [bd for bd in self._bands if not any(bd is o for o in overlap)]
+        x = self._x
+        below = int(np.count_nonzero(x < lo))      # (a NaN is neither below nor in: np.sort puts it last)
+        inside = x >= lo
+        inside &= x <= hi
+        band = (below, x[inside], lo, hi)
+        self._bands.append(band)
+        return band
 
     def __getitem__(self, i: int):
         return self._at[int(i)]

@@ -233,3 +233,25 @@ def test_intervals_are_the_same_through_numpy_and_the_jitted_pass(monkeypatch):
     jitted = figures()
     monkeypatch.setattr(I, "JIT_ABOVE", x.size)
     assert figures() == jitted
+
+
+def test_ranked_reads_a_long_series_from_bands_as_a_sort_would():
+    """Over BRACKET_ABOVE values Ranked reads ranks from sample-bracketed bands: the same values as
+    np.sort, with ties, NaNs (sorted last), a series in order or drifting (the sample every s-th
+    value), and ranks the first band missed (a later band, or the partition when none holds it)."""
+    rng = np.random.default_rng(13)
+    n = I.BRACKET_ABOVE + 12_345
+    cases = [rng.lognormal(size=n), np.round(rng.lognormal(size=n), 1), np.sort(rng.random(n)),
+             np.cumsum(rng.standard_normal(n)), rng.integers(0, 3, n).astype(np.float64)]
+    cases[0][rng.integers(0, n, 50)] = np.nan
+    for x in cases:
+        xs = np.sort(x)
+        r = I.Ranked(x, [n // 2, n // 2 + 1, int(0.99 * n)])
+        asked = [n // 2, n // 2 + 1, int(0.99 * n)]
+        for _ in range(3):
+            more = [int(k) for k in rng.integers(0, n, 6)] + [0, n - 1, n // 2 + 700]
+            r.need(more)
+            asked += more
+        assert r._bands, "the long series' path"
+        for k in asked:
+            assert r[k] == xs[k] or (np.isnan(r[k]) and np.isnan(xs[k])), k
