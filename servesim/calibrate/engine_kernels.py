@@ -55,6 +55,7 @@ from servesim.calibrate import data_dir
 from servesim.costmodel import kernels as kn
 from servesim.costmodel.collectives import AUTO, allreduce_time_nb
 from servesim.errors import ConfigError
+from servesim.jit import JIT
 
 # AIConfigurator folder name of each GPU -> servesim hardware profile.
 GPUS = {"h100_sxm": "h100-sxm", "a100_sxm": "a100-sxm-80gb", "h200_sxm": "h200-sxm", "b200_sxm": "b200"}
@@ -403,7 +404,7 @@ def moe_tiles(engine: str, hw_name: str, f: pd.DataFrame) -> tuple:
 
 # -- vectorised predictions (each calls the kernel formula row by row) ---------------------------
 
-@njit(cache=True)
+@njit(**JIT)
 def _gemm_many_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, lat, lat_sk, k0, extra,
                   mem_lat):
     out = np.empty(m.shape[0])
@@ -413,7 +414,7 @@ def _gemm_many_nb(m, n, k, w_bytes, a_bytes, peak, hbm_bw, sm_count, gmax, hbm_f
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _prefill_many_nb(seqs, chunk, ctx, heads, kv_heads, kv_bytes, head_dim, peak, hbm_bw, sm_count, amax, hbm_frac,
                      overhead, lat):
     out = np.empty(seqs.shape[0])
@@ -423,7 +424,7 @@ def _prefill_many_nb(seqs, chunk, ctx, heads, kv_heads, kv_bytes, head_dim, peak
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _decode_many_nb(seqs, kv_tokens, heads, kv_heads, kv_bytes, head_dim, hbm_bw, sm_count, frac, block, lat, split,
                     split_seqs, block_bw):
     out = np.empty(seqs.shape[0])
@@ -434,7 +435,7 @@ def _decode_many_nb(seqs, kv_tokens, heads, kv_heads, kv_bytes, head_dim, hbm_bw
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _allreduce_many_nb(nbytes, n, eager, link_bw, frac, lat, step, launch, hbm_bw, hbm_frac):
     out = np.empty(nbytes.shape[0])
     for i in range(nbytes.shape[0]):
@@ -446,7 +447,7 @@ def _allreduce_many_nb(nbytes, n, eager, link_bw, frac, lat, step, launch, hbm_b
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _nccl_many_nb(nbytes, n, bw, alpha, base, algorithm):
     out = np.empty(nbytes.shape[0])
     for i in range(nbytes.shape[0]):
@@ -454,7 +455,7 @@ def _nccl_many_nb(nbytes, n, bw, alpha, base, algorithm):
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _moe_many_nb(assignments, touched, pairs, hidden, inter, w_bytes, peak, hbm_bw, sm_count, gmax, hbm_frac, k0, eff,
                  lat, pair_time, tile_m, tile_n, ridge, tile_k, stream):
     out = np.empty(assignments.shape[0])

@@ -44,6 +44,7 @@ from numba import njit
 from ..costmodel import kernels as kn
 from ..errors import ConfigError
 from . import engine_kernels as ek
+from servesim.jit import JIT
 
 DECODE_TABLE = "generation_mla_perf"
 PREFILL_TABLE = "context_mla_perf"
@@ -130,7 +131,7 @@ def prefill_frame(gpu: str, engine: str) -> pd.DataFrame:
     return f
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _decode_many_nb(seqs, kv_tokens, heads, kv_bytes, latent, rope, peak, hbm_bw, sms, cmax, hfrac, block, lat, floor):
     out = np.empty(seqs.shape[0])
     for i in range(seqs.shape[0]):
@@ -139,7 +140,7 @@ def _decode_many_nb(seqs, kv_tokens, heads, kv_bytes, latent, rope, peak, hbm_bw
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _prefill_many_nb(seqs, chunk, heads, kv_bytes, qk, v, latent_width, peak, hbm_bw, sms, amax, hfrac, overhead, lat,
                      floor):
     out = np.empty(seqs.shape[0])

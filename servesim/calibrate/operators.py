@@ -33,6 +33,7 @@ from servesim.costmodel import elementwise as elem
 from servesim.costmodel.collectives import AUTO, allreduce_time_nb, link_for_group, p2p_time_nb
 from servesim.costmodel.roofline import gemm_time_nb
 from servesim.errors import ConfigError
+from servesim.jit import JIT
 
 # Vidur op name -> servesim operator class, with the GEMM shape per GPU (Megatron-style TP sharding,
 # Shoeybi et al. 2019, sec. 3): QKV and MLP-up are column-parallel (N / TP), attention-out and
@@ -268,7 +269,7 @@ def read_vidur_network(path, system: str | None = None,
 
 # -- predictions --------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(**JIT)
 def _gemm_times_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_tokens, hbm_fraction, latency):
     out = np.empty(m.shape[0])
     for i in range(m.shape[0]):
@@ -277,7 +278,7 @@ def _gemm_times_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_token
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _collective_times_nb(is_allreduce, nbytes, workers, bw, alpha, bw_large, large_bytes, algorithm):
     out = np.empty(nbytes.shape[0])
     for i in range(nbytes.shape[0]):

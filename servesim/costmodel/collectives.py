@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from numba import njit
+from ..jit import JIT
 
 RING = 0
 TREE = 1
@@ -22,7 +23,7 @@ AUTO = 2
 ALGORITHMS = {"ring": RING, "tree": TREE, "auto": AUTO}
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def p2p_time_nb(nbytes, bw, alpha, bw_large, large_bytes):
     """One send of nbytes: alpha + S/bw, or alpha + S/bw_large for S > large_bytes."""
     if nbytes <= 0.0:
@@ -32,21 +33,21 @@ def p2p_time_nb(nbytes, bw, alpha, bw_large, large_bytes):
     return alpha + nbytes / bw
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def ring_allreduce_time_nb(nbytes, n, bw, alpha):
     if n <= 1 or nbytes <= 0.0:
         return 0.0
     return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * nbytes / bw
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def tree_allreduce_time_nb(nbytes, n, bw, alpha):
     if n <= 1 or nbytes <= 0.0:
         return 0.0
     return 2.0 * math.log2(n) * alpha + 2.0 * nbytes / bw
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def allreduce_time_nb(nbytes, n, bw, alpha, algorithm):
     ring = ring_allreduce_time_nb(nbytes, n, bw, alpha)
     if algorithm == RING:
@@ -57,7 +58,7 @@ def allreduce_time_nb(nbytes, n, bw, alpha, algorithm):
     return min(ring, tree)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def reduce_scatter_time_nb(nbytes, n, bw, alpha):
     """Ring reduce-scatter (or all-gather) of a buffer of nbytes total: (n-1)*alpha + (n-1)/n * S/B."""
     if n <= 1 or nbytes <= 0.0:
@@ -65,7 +66,7 @@ def reduce_scatter_time_nb(nbytes, n, bw, alpha):
     return (n - 1) * alpha + (n - 1) / n * nbytes / bw
 
 
-@njit(cache=True)
+@njit(**JIT)
 def all_to_all_time_nb(nbytes, n, bw, alpha):
     """Pairwise all-to-all, each rank sending nbytes in total: (n-1)*alpha + (n-1)/n * S/B."""
     return reduce_scatter_time_nb(nbytes, n, bw, alpha)

@@ -58,6 +58,7 @@ from numba import njit
 from . import fields as F
 from .collectives import all_to_all_time_nb
 from .fields import array_nb
+from ..jit import JIT
 
 # AIConfigurator's default power-law exponents for MoE routing (aiconfigurator-core 0.12.0,
 # sdk/models/deepseek.py and the DeepSeek-derived models: ``_power_law_alpha = 1.01``; the generic
@@ -85,7 +86,7 @@ def default_skew(model) -> float:
     return SKEW_DEEPSEEK if model.mla is not None else SKEW_OTHER
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _power_law_draws_nb(u, lo, hi, alpha):
     """Inverse-CDF draws of p(x) ~ x^-alpha on [lo, hi] from the uniforms ``u`` (one per expert)."""
     n = u.shape[0]
@@ -101,7 +102,7 @@ def _power_law_draws_nb(u, lo, hi, alpha):
     return x
 
 
-@njit(cache=True)
+@njit(**JIT)
 def power_law_counts_nb(u, tokens, top_k, lo, hi, alpha, ep, deficit):
     """Whole pairs per expert as AIConfigurator's power-law generator gives them: the draws of
     `_power_law_draws_nb` scaled to T k = ``tokens x top_k`` pairs and rounded; the pairs left over
@@ -133,7 +134,7 @@ def power_law_counts_nb(u, tokens, top_k, lo, hi, alpha, ep, deficit):
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def slowest_rank_nb(loads, ep):
     """(pairs, touched experts) of the EP rank with the most pairs; experts in ep consecutive blocks.
     A touched expert holds at least half a pair (whole pairs from `power_law_counts_nb`: at least one)."""
@@ -153,7 +154,7 @@ def slowest_rank_nb(loads, ep):
     return best, touched
 
 
-@njit(cache=True)
+@njit(**JIT)
 def skew_table_nb(grid, experts, top_k, ep, alpha, u, deficit):
     """Mean (pairs, touched) of the slowest rank at each token count of ``grid`` (whole numbers) over
     the draws ``u`` (draws x experts uniforms), loads from `power_law_counts_nb`: weights on [1, 0.8 T]
@@ -190,7 +191,7 @@ def skew_table(experts: int, top_k: int, ep: int, alpha: float, max_tokens: floa
     return grid, pairs, touched
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _interp_nb(grid, ys, x):
     n = grid.shape[0]
     if x <= grid[0]:
@@ -209,7 +210,7 @@ def _interp_nb(grid, ys, x):
     return ys[lo] + w * (ys[hi] - ys[lo])
 
 
-@njit(cache=True)
+@njit(**JIT)
 def rank_load_nb(tokens, experts, top_k, ep, grid, pairs, touched):
     """(pairs, touched local experts) of the slowest EP rank for ``tokens`` tokens: balanced
     (``grid`` empty) T k / ep pairs over min(E / ep, T k / ep) experts, else the power-law table."""
@@ -225,14 +226,14 @@ def rank_load_nb(tokens, experts, top_k, ep, grid, pairs, touched):
     return a, t
 
 
-@njit(cache=True)
+@njit(**JIT)
 def rank_load_of_nb(p, tokens):
     """`rank_load_nb` of the cost table ``p`` (costmodel/fields.py): its experts, top-k, EP and skew table."""
     return rank_load_nb(tokens, p[F.experts], p[F.top_k], p[F.ep], array_nb(p, F.skew_grid),
                         array_nb(p, F.skew_pairs), array_nb(p, F.skew_touched))
 
 
-@njit(cache=True)
+@njit(**JIT)
 def alltoall_nb(nbytes, n, domain, bw_in, alpha_in, bw_out, alpha_out):
     """All-to-all of ``nbytes`` per rank (its whole send buffer) over ``n`` ranks of which ``domain``
     share a scale-up domain: the (domain - 1)/n share over NVLink and the (n - domain)/n share over
@@ -263,7 +264,7 @@ def alltoall_link(hw, ep: int):
     return bw_in, a_in, hw.scaleout_bw * eff.scaleout_bw_fraction, eff.scaleout_latency_s, float(domain)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def dispatch_combine_nb(p, m, rank_pairs):
     """Dispatch + combine of one MoE layer on a DP rank with ``m`` tokens, the slowest EP rank
     receiving ``rank_pairs`` token rows: each all-to-all moves max(m k, rank pairs) rows of the
@@ -277,7 +278,7 @@ def dispatch_combine_nb(p, m, rank_pairs):
                            p[F.a2a_bw_out], p[F.a2a_alpha_out])
 
 
-@njit(cache=True)
+@njit(**JIT)
 def masked_pairs_time_nb(p, pairs):
     """The remote pairs an expert-map fused MoE walks anyway (``moe_ep_masked``): per pair, zeros
     written for the w1 output (2 x inter when gated) and the w2 output (hidden), the activation's read
@@ -289,13 +290,13 @@ def masked_pairs_time_nb(p, pairs):
     return nbytes / (p[F.hbm_bw] * p[F.g_hbm])
 
 
-@njit(cache=True)
+@njit(**JIT)
 def wide_ep_nb(p):
     """Expert parallelism with DP attention: the MoE layers route every DP rank's tokens together."""
     return p[F.ep] > 1.0 and p[F.attn_dp] > 1.0
 
 
-@njit(cache=True)
+@njit(**JIT)
 def busiest_share_nb(n, d):
     """Sequences on the busiest of ``d`` DP attention ranks when a step holds ``n``: ceil(n / d), whole
     sequences (a request runs on the one rank it was sent to). A fractional n (a mean over steps, as

@@ -16,6 +16,7 @@ from typing import NamedTuple, get_type_hints
 
 import numpy as np
 from numba import njit
+from ..jit import JIT
 
 
 class CostParams(NamedTuple):
@@ -168,7 +169,7 @@ def tables(ps) -> np.ndarray:
     return out
 
 
-@njit(cache=True)
+@njit(**JIT)
 def array_nb(p, field):
     """The array field at slot ``field`` of the table ``p`` (e.g. ``F.attn_k``): a view, no copy."""
     start = int(p[field])

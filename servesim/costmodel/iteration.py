@@ -56,9 +56,10 @@ from .features import features
 from .fields import array_nb
 from .moe_tiles import pick_tile_nb
 from .graphs import GRAPH_FULL, GRAPH_FULL_AND_PIECEWISE, GRAPH_NONE, GRAPH_PIECEWISE
+from ..jit import JIT
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _gemm_nb(p, wo, m, k, n):
     """One GEMM at the weight dtype (weight-only: dequantising at the 16-bit peak)."""
     if wo is not None and p[F.g_wo] > 0.0:
@@ -69,14 +70,14 @@ def _gemm_nb(p, wo, m, k, n):
                         p[F.g_mem_latency]) + m * k * p[F.g_quant]   # (W8A8: quantise X)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def _gemm16_nb(p, m, k, n):
     """One 16-bit GEMM (LM head, MoE router: kept unquantised, as vLLM and TensorRT-LLM do)."""
     return gemm_time_nb(m, k, n, 2.0, 2.0, p[F.attn_peak], p[F.hbm_bw], p[F.sms], p[F.g16_max], p[F.g_hbm],
                         p[F.g16_latency], p[F.g_splitk], p[F.g_tile_k], p[F.g_mem_latency])
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _gemms_nb(p, wo, m, ks, ns):
     t = 0.0
     for i in range(ks.shape[0]):
@@ -84,7 +85,7 @@ def _gemms_nb(p, wo, m, ks, ns):
     return t
 
 
-@njit(cache=True)
+@njit(**JIT)
 def expected_experts_nb(tokens, experts, top_k):
     """Expected distinct experts hit by `tokens` tokens each picking top_k of `experts` uniformly:
     E * (1 - (1 - k/E)^T) (occupancy of E bins; Feller, vol. 1, ch. IV)."""
@@ -93,7 +94,7 @@ def expected_experts_nb(tokens, experts, top_k):
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def routed_experts_nb(p, ep, tokens):
     """The routed experts of one MoE layer on the slowest GPU for the ``tokens`` the layer routes (the
     step's tokens; with DP attention every rank's together): without EP the fused MoE over the experts
@@ -118,7 +119,7 @@ def routed_experts_nb(p, ep, tokens):
     return t + masked_pairs_time_nb(p, walked - rank)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def alltoall_layer_nb(p, m, tokens):
     """Dispatch + combine of one MoE layer (DP attention with EP; 0 otherwise): the busiest DP rank
     sends its ``m`` tokens, the slowest EP rank receives its pairs of the step's ``tokens``."""
@@ -128,7 +129,7 @@ def alltoall_layer_nb(p, m, tokens):
     return dispatch_combine_nb(p, m, rank)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _moe_nb(p, ep, wo, m):
     """One MoE layer on a rank's m tokens: the routed experts (fused MoE over the experts the batch
     touches; with wide EP priced per step on every rank's tokens instead, `_rank_components_nb`),
@@ -140,7 +141,7 @@ def _moe_nb(p, ep, wo, m):
     return t + _gemm16_nb(p, m, p[F.hidden], p[F.router_n])
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _gemms_bytes_nb(p, m, ks, ns):
     b = 0.0
     for i in range(ks.shape[0]):
@@ -148,7 +149,7 @@ def _gemms_bytes_nb(p, m, ks, ns):
     return b
 
 
-@njit(cache=True)
+@njit(**JIT)
 def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     """HBM bytes one step moves on a whole replica, the bytes the cost above prices: every layer's
     GEMMs at the priced token count ``m`` (weights once, activations in and out: ``gemm_bytes_nb``);
@@ -181,7 +182,7 @@ def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     return b * p[F.tp]
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def allreduce_nb(p, m, graphed):
     """One all-reduce of the hidden state of m tokens over the TP group."""
     if p[F.tp] <= 1.0:
@@ -197,7 +198,7 @@ def allreduce_nb(p, m, graphed):
     return p[F.coll_base] + allreduce_time_nb(msg, p[F.tp], p[F.tp_bw], p[F.tp_alpha], int(p[F.tp_algorithm]))
 
 
-@njit(cache=True)
+@njit(**JIT)
 def layer_costs_nb(p, moe, ep, wo, m, graphed):
     """(GEMMs, elementwise, all-reduces) of every layer of one forward over m tokens (with wide EP
     without the routed experts and the all-to-all: they see every DP rank's tokens)."""
@@ -212,7 +213,7 @@ def layer_costs_nb(p, moe, ep, wo, m, graphed):
     return gemm, elem, comm
 
 
-@njit(cache=True)
+@njit(**JIT)
 def layer_tables_nb(p, moe, ep, wo, n):
     """layer_costs_nb for m = 0 .. n - 1 tokens (graphed where the engine captures m)."""
     tg = np.zeros(n)
@@ -224,7 +225,7 @@ def layer_tables_nb(p, moe, ep, wo, n):
     return tg, te, tc
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def graph_tokens_nb(sizes, tokens):
     """The smallest captured size >= tokens (binary search), or -1.0 above the largest."""
     n = sizes.shape[0]
@@ -241,7 +242,7 @@ def graph_tokens_nb(sizes, tokens):
     return sizes[lo]
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def launches_nb(p, n_pf, n_layers, padded):
     """Kernel launches the CPU issues for one forward: 1 for a full graph, 2 per layer (+1) for a
     piecewise graph, every kernel when eager."""
@@ -253,7 +254,7 @@ def launches_nb(p, n_pf, n_layers, padded):
     return n_layers * p[F.kernels_layer] + 3.0
 
 
-@njit(cache=True)
+@njit(**JIT)
 def attention_nb(p, mla, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     """Attention of one layer on the real sequences: the prefill chunks (as n_pf chunks of their mean
     length after their mean cached prefix) and the decodes."""
@@ -274,7 +275,7 @@ def attention_nb(p, mla, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     return a
 
 
-@njit(cache=True)
+@njit(**JIT)
 def mla_attention_nb(p, tp_tok, n_pf, kv_pf, n_dec, kv_dec):
     """MLA attention of one layer (kernels.mla_decode_time_nb, mla_prefill_time_nb with the engine's
     MLA fit): the decodes through the absorbed kernel over the latent; the prefill chunks (n_pf of
@@ -314,7 +315,7 @@ class IterationCost(NamedTuple):
     nbytes: float
 
 
-@njit(cache=True)
+@njit(**JIT)
 def rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     """The busiest DP attention rank's aggregates: whole sequences, ceil(n_pf / D) prefill chunks of the
     mean chunk and ceil(n_dec / D) decodes (`ep.busiest_share_nb`), the sampled rows its decodes and
@@ -329,7 +330,7 @@ def rank_share_nb(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
             kv_dec * fd)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def iteration_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec):
     """The step's `IterationCost` from its batch aggregates (module docstring), on the cost table ``p``
     compiled for the markers ``moe, ep, mla, wo`` (`features.py`; they must cover ``p``)."""
@@ -350,7 +351,7 @@ def iteration_components(p, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec) 
     return iteration_components_nb(p, *features(p), tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def flops_nb(p, tokens, pairs, kv_dec):
     """FLOPs of a step: every active weight twice per token, attention's pairs and decode KV."""
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
@@ -358,7 +359,7 @@ def flops_nb(p, tokens, pairs, kv_dec):
         pairs * p[F.attn_flops_pair] + kv_dec * p[F.attn_flops_kv_decode])
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, moe_tok):
     """One step of one (DP attention) rank: its own prefill chunks and decodes; with wide EP its MoE
     layers route ``moe_tok`` tokens, every rank's (the routed experts and all-to-all outside the
@@ -410,7 +411,7 @@ def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf
     return IterationCost(gemm, attn, elem, comm_tp + (p[F.pp] - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def moe_parts_nb(p, ep, tp_tok, n_pf, n_dec):
     """(routed experts, dispatch + combine) of one step's MoE layers, seconds, inside the gemm and
     communication of `iteration_components_nb` (the same busiest rank, tokens and CUDA-graph padding);

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 
 from numba import njit
+from ..jit import JIT
 
 # GEMM arguments are (m, k, n) as in servesim.costmodel.roofline: X[m, k] W[n, k]^T, m = tokens.
 # Output tile of a GEMM thread block: Tn = 128 columns and Tm = 64 or 128 rows, whichever is faster
@@ -59,7 +60,7 @@ WO_SMALL_M = 16.0
 ATTN_BLOCK = 128.0
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits):
     """Waves of thread blocks: ceil(ceil(m / Tm) * ceil(n / Tn) * splits / SMs) (NVIDIA GEMM guide,
     wave quantization). 133 tiles on 132 SMs take 2 waves."""
@@ -67,7 +68,7 @@ def gemm_waves_nb(m, n, tile_m, tile_n, sm_count, splits):
     return float(math.ceil(tiles * splits / sm_count))
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_wave_efficiency_nb(m, n, tile_m, tile_n, sm_count, splits):
     """q = m n splits / (waves * SMs * Tm * Tn) <= 1: the useful fraction of the tensor-core work the
     waves pay for (tile quantisation of m and n, wave quantisation over the SMs)."""
@@ -77,7 +78,7 @@ def gemm_wave_efficiency_nb(m, n, tile_m, tile_n, sm_count, splits):
     return m * n * splits / (waves * sm_count * tile_m * tile_n)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def gemm_splits_nb(m, k, n, tile_m, tile_n, sm_count):
     """Split-K slices when the output tiles do not fill the SMs: floor(SMs / tiles), at most
     k / SPLITK_MIN_K; 1 when the tiles already fill a wave."""
@@ -87,7 +88,7 @@ def gemm_splits_nb(m, k, n, tile_m, tile_n, sm_count):
     return float(max(1, min(int(sm_count // tiles), int(k // SPLITK_MIN_K))))
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_compute_time_nb(m, k, n, tile_m, tile_n, splits, sm_count, peak, gemm_max, tile_overhead_k):
     """Tensor-core time of one tile choice: waves x the time one SM spends on a tile,
     2 Tm Tn (k / splits + k0 rows / Tm) / (peak * gemm_max / SMs). k0 = ``tile_overhead_k`` is the
@@ -101,13 +102,13 @@ def gemm_compute_time_nb(m, k, n, tile_m, tile_n, splits, sm_count, peak, gemm_m
     return waves * 2.0 * tile_m * tile_n * (k / splits + tile_overhead_k * rows / tile_m) / per_sm
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_bytes_nb(m, k, n, w_bytes, a_bytes):
     """HBM bytes of X[m, k] W[n, k]^T: the weights once, activations in and out."""
     return n * k * w_bytes + m * (n + k) * a_bytes
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
                  splitk_latency, tile_overhead_k, mem_latency):
     """One GEMM X[m, k] W[n, k]^T (m = tokens; arguments in the order of ``roofline.gemm_time_nb``:
@@ -141,7 +142,7 @@ def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, gemm_max, hb
     return latency + best
 
 
-@njit(cache=True)
+@njit(**JIT)
 def weight_only_gemm_time_nb(m, k, n, w_bytes, peak, hbm_bw, sm_count, gemm_max, hbm_fraction, latency,
                              splitk_latency, tile_overhead_k, mem_latency):
     """A weight-only quantised GEMM (int4 weights, 16-bit activations: AWQ/GPTQ Marlin in vLLM,
@@ -168,7 +169,7 @@ def weight_only_gemm_time_nb(m, k, n, w_bytes, peak, hbm_bw, sm_count, gemm_max,
     return latency + t
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_ridge_tokens_nb(k, n, w_bytes, a_bytes, peak, gemm_max, hbm_bw, hbm_fraction):
     """The m where 2mnk / (peak gemm_max) = (nk w + m (n + k) a) / (hbm_bw hbm_fraction): below it a
     full-wave GEMM is bandwidth-bound, above it compute-bound (inf if never compute-bound)."""
@@ -179,7 +180,7 @@ def gemm_ridge_tokens_nb(k, n, w_bytes, a_bytes, peak, gemm_max, hbm_bw, hbm_fra
     return n * k * w_bytes / (hbm_bw * hbm_fraction) / (rate_c - rate_m)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def grouped_gemm_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, compute_fraction,
                          hbm_fraction, tile_overhead_k):
     """``groups`` independent GEMMs (m, k, n as in ``gemm_time_nb``) in one launch (no latency): the roofline of
@@ -200,7 +201,7 @@ def grouped_gemm_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_cou
     return best
 
 
-@njit(cache=True)
+@njit(**JIT)
 def moe_tile_fraction_nb(tile_m, tile_n, ridge):
     """Fraction of the tensor-core rate a fused-MoE tile of tile_m x tile_n outputs can feed:
     min(1, I / ridge), I = tile_m tile_n / (tile_m + tile_n) the multiply-adds per operand element
@@ -212,7 +213,7 @@ def moe_tile_fraction_nb(tile_m, tile_n, ridge):
     return min(1.0, tile_m * tile_n / (tile_m + tile_n) / ridge)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def moe_stream_fraction_nb(tile_k, w_bytes, stream_bytes):
     """Fraction of the GEMM's weight-streaming rate a fused-MoE tile reaches when each K step reads
     ``tile_k`` contiguous weights of every row of its weight tile: min(1, tile_k w_bytes /
@@ -225,7 +226,7 @@ def moe_stream_fraction_nb(tile_k, w_bytes, stream_bytes):
     return min(1.0, tile_k * w_bytes / stream_bytes)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated, w_bytes, a_bytes, peak, hbm_bw,
                         sm_count, gemm_max, hbm_fraction, tile_overhead_k, moe_efficiency, moe_latency, pair_time,
                         tile_m, tile_n, ridge, tile_k, stream_bytes):
@@ -272,7 +273,7 @@ def moe_experts_time_nb(assignments, touched, routed_pairs, hidden, inter, gated
     return moe_latency + routed_pairs * pair_time + t
 
 
-@njit(cache=True)
+@njit(**JIT)
 def tiled_group_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_count, compute_fraction, hbm_fraction,
                         tile_overhead_k, tile_m, tile_n):
     """``groups`` GEMMs of m x k x n in one launch with a given tile: groups ceil(m / Tm) ceil(n / Tn)
@@ -288,14 +289,14 @@ def tiled_group_time_nb(groups, m, k, n, w_bytes, a_bytes, peak, hbm_bw, sm_coun
     return max(t_c, t_mem)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def balanced_experts_nb(assignments, experts):
     """Distinct experts touched when a router spreads ``assignments`` token-expert pairs evenly over
     ``experts`` (AIConfigurator's ``balanced`` distribution): min(E, assignments)."""
     return min(experts, assignments)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def prefill_attention_compute_nb(seqs, chunk, ctx, heads, head_dim, peak, sm_count, attn_max, block_overhead):
     """Tensor-core time of causal FlashAttention over ``seqs`` chunks of ``chunk`` new tokens with
     ``ctx`` tokens already cached each. One thread block per (sequence, head, query block of 128);
@@ -319,7 +320,7 @@ def prefill_attention_compute_nb(seqs, chunk, ctx, heads, head_dim, peak, sm_cou
     return t
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def prefill_attention_bytes_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_bytes, kv_bytes):
     """HBM bytes of a prefill attention: per new token q read and o written (2 heads d q_bytes),
     its k and v read and written to the cache (4 kv_heads d kv_bytes); the cached prefix's k and v
@@ -328,7 +329,7 @@ def prefill_attention_bytes_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_by
                    + ctx * 2.0 * kv_heads * head_dim * kv_bytes)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def prefill_attention_time_nb(seqs, chunk, ctx, heads, kv_heads, head_dim, q_bytes, kv_bytes, peak, hbm_bw,
                               sm_count, attn_max, hbm_fraction, block_overhead, latency):
     """Prefill (context) attention of one layer on one GPU, in seconds:
@@ -356,7 +357,7 @@ DECODE_SPLIT_SM_SHARE = 0.8
 DECODE_SPLIT_KEYS = 128.0
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def decode_splits_nb(seqs, kv_tokens, split_seqs):
     """Split-KV chunks per (sequence, KV head): at most one per DECODE_SPLIT_KEYS keys of the mean
     context, and, where ``split_seqs`` > 0, about split_seqs / seqs (at least 1): the split count is
@@ -370,7 +371,7 @@ def decode_splits_nb(seqs, kv_tokens, split_seqs):
     return min(max(split_seqs / seqs, 1.0), chunks)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes, kv_bytes, hbm_bw, sm_count,
                              hbm_fraction, block_time, latency, split_latency=0.0, split_seqs=0.0, block_bw=0.0):
     """Decode (generation) attention of one layer on one GPU, in seconds: one query per sequence over
@@ -407,7 +408,7 @@ def decode_attention_time_nb(seqs, kv_tokens, heads, kv_heads, head_dim, q_bytes
 MLA_HEAD_TILE = 64.0
 
 
-@njit(cache=True)
+@njit(**JIT)
 def mla_decode_time_nb(seqs, q_rows, kv_tokens, heads, latent, rope, kv_bytes, peak, hbm_bw, sm_count,
                        compute_fraction, hbm_fraction, block_time, latency):
     """Absorbed MLA decode attention of one layer on one GPU (DeepSeek-V2, arXiv:2405.04434, sec. 2.1
@@ -434,7 +435,7 @@ def mla_decode_time_nb(seqs, q_rows, kv_tokens, heads, latent, rope, kv_bytes, p
             + max(flops / (peak * compute_fraction), nbytes / (hbm_bw * hbm_fraction)))
 
 
-@njit(cache=True)
+@njit(**JIT)
 def mla_prefill_time_nb(seqs, chunk, ctx, heads, qk_dim, v_dim, latent_bytes, peak, hbm_bw, sm_count, attn_max,
                         hbm_fraction, block_overhead, latency):
     """MLA prefill attention of one layer on one GPU, the non-absorbed form the engines run for prompts
@@ -457,7 +458,7 @@ def mla_prefill_time_nb(seqs, chunk, ctx, heads, qk_dim, v_dim, latent_bytes, pe
     return latency + t_c + nbytes / (hbm_bw * hbm_fraction)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT)
 def engine_allreduce_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency):
     """The engine's own all-reduce of ``nbytes`` per GPU over ``n`` GPUs of one NVLink/NVSwitch
     domain, under a CUDA graph, in seconds: latency + the faster of
@@ -475,7 +476,7 @@ def engine_allreduce_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_late
     return latency + min(one_shot, two_shot)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def engine_allreduce_eager_time_nb(nbytes, n, link_bw, bw_fraction, latency, step_latency, launch, hbm_bw,
                                    hbm_fraction):
     """The same all-reduce called eagerly (outside a CUDA graph): the graph time + ``launch`` (the host

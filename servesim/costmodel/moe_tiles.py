@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import ConfigError
+from ..jit import JIT
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,7 +68,7 @@ def tile_table(engine, hw_name: str, dtype: str, experts: int, n: int) -> tuple:
             np.array([float(small[1]), float(large[1])]), np.array([float(small[2]), float(large[2])]), False)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def pick_tile_nb(keys, block_m, block_n, block_k, tokens):
     """(rows, columns, K step) of the entry whose key is nearest ``tokens`` (the first of two equally
     near), as vLLM picks it; zeros without entries."""

@@ -11,14 +11,15 @@ eff(M) = gemm_max * M / (M + gemm_half_tokens), plus a fixed per-kernel latency.
 from __future__ import annotations
 
 from numba import njit
+from ..jit import JIT
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_efficiency_nb(m, gemm_max, half_tokens):
     return gemm_max * m / (m + half_tokens)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_tokens, hbm_fraction, latency):
     """One (m x k) @ (k x n) GEMM: 2mkn FLOPs; weights k*n*w_bytes + activations (m*k + m*n)*a_bytes."""
     if m <= 0.0:
@@ -30,7 +31,7 @@ def gemm_time_nb(m, k, n, w_bytes, a_bytes, peak, hbm_bw, gemm_max, half_tokens,
     return max(t_c, t_m) + latency
 
 
-@njit(cache=True)
+@njit(**JIT)
 def roofline_time_nb(flops, nbytes, peak, compute_fraction, hbm_bw, hbm_fraction, latency):
     """A kernel with given FLOPs and bytes at fixed achieved fractions of peak and bandwidth."""
     if flops <= 0.0 and nbytes <= 0.0:

@@ -42,6 +42,7 @@ from . import fields as F
 from .features import features
 from .fields import table
 from .iteration import _gemm_nb, iteration_components, iteration_components_nb
+from ..jit import JIT
 
 METHODS = SPECULATIVE_METHODS
 MTP_ACCEPTANCE = 0.85        # DeepSeek-V3 report, sec. 5.4.3: 85%-90% for the second token
@@ -199,7 +200,7 @@ def verify_aggregates(n: float, ctx: float, k: int):
     return n * q, n, n * q, n * q * (ctx + (q + 1.0) / 2.0), n * (ctx + q), 0.0, 0.0
 
 
-@njit(cache=True)
+@njit(**JIT)
 def draft_time_nb(dp, moe, ep, mla, wo, target_dp, n, kv, k, proj):
     """Drafting ``k`` tokens for ``n`` sequences whose contexts sum to ``kv``: k forwards of the draft
     ``dp`` one after the other (each sequence's context one longer each time), priced as GPU work inside

@@ -36,6 +36,7 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, kernel_pools,
     new_cache, new_counters, new_log, new_pad, new_replicas, new_requests, new_span, new_step, new_turns, new_xfers,
 )
+from ..jit import JIT
 
 
 def cost_inputs(ps, pools) -> np.ndarray:
@@ -121,7 +122,7 @@ def skip_followups_nb(rq, ctr):
 RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 
 
-@njit(cache=True, _nrt=False)
+@njit(_nrt=False, **JIT)
 def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
            pad, now, until):
     """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
@@ -172,7 +173,7 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
     return now, RUN_ENDED
 
 
-@njit(cache=True, _nrt=False)
+@njit(_nrt=False, **JIT)
 def end_run_nb(cfg, rq, rp, sp, stats, now):
     """End the run at ``now`` (the last event's time): a decode span's requests brought up to date, each
     replica's span with work in flight closed, every pool's end time set."""
