@@ -1,10 +1,10 @@
-"""How servesim's jitted functions are compiled (`@njit(**JIT)`; the engine's handlers add to it in
-`engine/jit.py`).
+"""The options every jitted servesim function is compiled with (`JIT`; the engine's handlers add to
+them in `engine/jit.py`).
 
 Cached on disk (`_jitcache.py` keeps the cache honest). No C-callable wrapper (numba's `cfunc`
 wrapper, which every function gets by default): servesim never passes a jitted function as a
 first-class function value or takes its C address, and each wrapper is lowered, optimised and turned
-into machine code on a cold start (~1-2 CPU s of a cold first simulate; README, Speed). Python still
+into machine code on a cold start (~1 CPU s of a cold first simulate; README, Speed). Python still
 calls a jitted function through its CPython wrapper, and jitted code calls it directly.
 """
 JIT = dict(cache=True, no_cfunc_wrapper=True)
