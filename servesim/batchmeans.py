@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from numba import njit
 
+from .jit import JIT
 
-@njit(cache=True)
+
+@njit(**JIT)
 def batch_squares_nb(x, shift, m, indicator, b, out):
     """out[j] = ((c[j + b] - c[j]) / b) ** 2 for j = 0 .. n - b, c the prefix sums of v (c[0] = 0,
     c[i + 1] = c[i] + v[i], as np.cumsum) for v = x - shift or, with ``indicator``, v = 1{x <= shift}
