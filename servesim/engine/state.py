@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ..jit import JIT
 from . import codes as C
 from ..workload.chains import Chains  # noqa: F401  (a kernel input: built by the workload's chain builder)
 from .nextevent import new_tree
@@ -471,7 +472,7 @@ def output_columns(rq, names=OUTPUT_FIELDS + TRANSFER_FIELDS) -> dict:
     return cols
 
 
-@njit(cache=True)
+@njit(**JIT)
 def gather_nb(rq, arrival, scheduled, first_token, finish, preemptions, replica, status, max_gap, xfer_start,
               xfer_end, pf_replica):
     """`output_columns`' jitted pass: each record's OUTPUT_FIELDS (and TRANSFER_FIELDS, when their
