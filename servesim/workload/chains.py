@@ -55,6 +55,10 @@ def block_chains(requests, block_size) -> Chains:
         raise ConfigError("block chains: sessions with a shared prefix (prefix_group >= 0) are not supported; "
                           "use a sessions workload without a shared prefix, or a shared prefix without sessions")
 
+    if not (in_group.any() or in_session.any()):     # nothing shared: no request lists a block (as below)
+        z = np.zeros(n, dtype=np.int64)
+        return Chains(z, z.copy(), np.zeros(0, dtype=np.int64), np.ascontiguousarray(next_turn, dtype=np.int64),
+                      np.ascontiguousarray(think, dtype=np.float64))
     # stream of each request (-1: none) and the blocks of it the request holds
     stream = np.where(in_session, session, group)
     held = np.where(in_session, (prompt + output) // bs, np.where(in_group, plen // bs, 0))
