@@ -29,6 +29,7 @@ from . import intervals as CI
 from . import loghist as H
 from .engine import codes as C
 from .engine import kernel as K
+from .engine.state import OUTPUT_FIELDS, output_columns
 from .metrics import (PCTS, SATURATED, SLO_COLUMN, cost_block, growth_verdict, histogram_describe, meets_slo,
                       slo_report, time_shares, utilization)
 
@@ -90,11 +91,10 @@ class StreamStats:
         of indices base, base + 1, ..."""
         m = rec.shape[0]
         idx = base + np.arange(m)
-        st = np.asarray(rec.status)
-        eng = np.asarray(rec.arrival)
+        f = output_columns(rec, OUTPUT_FIELDS)     # contiguous copies: read many times below
+        st, eng, sched, first, fin = f["status"], f["arrival"], f["scheduled"], f["first_token"], f["finish"]
         arr = eng - self.frontend
-        sched, first, fin = np.asarray(rec.scheduled), np.asarray(rec.first_token), np.asarray(rec.finish)
-        prompt, out = np.asarray(rec.prompt), np.asarray(rec.output)
+        prompt, out = np.ascontiguousarray(rec.prompt), np.ascontiguousarray(rec.output)
         done, rej = st == C.DONE, st == C.REJECTED
         c = self.c
         c["seen"] += m
@@ -105,7 +105,7 @@ class StreamStats:
         b = np.clip((idx - self.i0) // self.blen, 0, BATCHES - 1)
         with np.errstate(invalid="ignore"):
             cols = {"ttft_s": np.where(done, first - arr, np.nan), "e2e_s": np.where(done, fin - arr, np.nan),
-                    "queue_s": sched - eng, "max_gap_s": np.asarray(rec.max_gap),
+                    "queue_s": sched - eng, "max_gap_s": f["max_gap"],
                     "tpot_s": np.where(done & (out > 1), (fin - first) / np.maximum(out - 1, 1), np.nan)}
         for name in LATENCIES:
             x = cols[SLO_COLUMN[name]]

@@ -346,9 +346,10 @@ def request_template() -> np.ndarray:
     return t
 
 
-def new_requests(arrival, prompt, output, u1, u2, next_turn):
+def new_requests(arrival, prompt, output, u1, u2, next_turn, out=None):
+    """The requests' records (``out``: into these, a contiguous `request_dtype` array of the same length)."""
     n = prompt.shape[0]
-    rq = np.empty(n, request_dtype)
+    rq = np.empty(n, request_dtype) if out is None else out
     raw = rq.view(np.uint8).reshape(n, request_dtype.itemsize)
     template = request_template().view(np.uint8)
     inputs = (("prompt", prompt), ("output", output), ("u1", u1), ("u2", u2), ("arrival", arrival))

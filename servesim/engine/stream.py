@@ -29,7 +29,7 @@ from .kernel import RUN_CUT, cost_inputs, end_run_nb, kernel_features, run_nb, r
 from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, kernel_pools, new_counters, new_log,
-    new_pad, new_replicas, new_requests, new_span, new_step,
+    new_pad, new_replicas, new_requests, new_span, new_step, request_dtype,
 )
 
 CHUNK = 1 << 18          # requests loaded per chunk (even: see workload/stream.py)
@@ -90,14 +90,20 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
     rq = new_requests(*(np.zeros(0, t) for t in (np.float64, np.int64, np.int64, np.float64, np.float64)),
                       np.zeros(0, np.int64))
+    room = np.empty(0, request_dtype)   # the window's records: reused from chunk to chunk, grown as needed
     pending = next(chunks, None)
     now, base, loaded, n_chunks, peak = 0.0, 0, 0, 0, 0
     backlog = cut = False
     while True:
         if pending is not None:         # append the next chunk: sent, to arrive as the clock reaches it
-            add = new_requests(*pending, np.full(pending[1].shape[0], -1, np.int64))
-            rq = np.concatenate((rq, add)).view(np.recarray)
-            loaded += add.shape[0]
+            k, c = rq.shape[0], pending[1].shape[0]
+            if room.shape[0] < k + c:
+                room = np.empty(k + c, request_dtype)
+            if rq.base is not room:     # the requests in flight, from their own copy (or from the old room)
+                room[:k] = rq
+            new_requests(*pending, np.full(c, -1, np.int64), out=room[k:k + c])
+            rq = room[:k + c].view(np.recarray)
+            loaded += c
             ctr[SENT] = rq.shape[0]
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
