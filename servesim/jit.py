@@ -6,5 +6,13 @@ wrapper, which every function gets by default): servesim never passes a jitted f
 first-class function value or takes its C address, and each wrapper is lowered, optimised and turned
 into machine code on a cold start (~1 CPU s of a cold first simulate; README, Speed). Python still
 calls a jitted function through its CPython wrapper, and jitted code calls it directly.
+
+Importing this module (as every module with jitted functions does, before defining them) also has
+numba compare its compile flags cheaply (`_numba_flags.py`: the same results, ~1.5 CPU s less on a
+cold start).
 """
+from ._numba_flags import speed_up_flags
+
 JIT = dict(cache=True, no_cfunc_wrapper=True)
+
+speed_up_flags()

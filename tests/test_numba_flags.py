@@ -1,0 +1,67 @@
+"""numba's compile flags compared cheaply (servesim/_numba_flags.py): installed, and the same results as
+numba's own `TargetConfig.values`, `__hash__` and `__eq__` (written out below as numba 0.68 has them)."""
+import itertools
+
+from numba.core.compiler import Flags
+from numba.core.targetconfig import TargetConfig
+
+import servesim.jit  # noqa: F401  (installs them)
+from servesim import _numba_flags as nf
+
+
+def numba_values(self):
+    return {k: getattr(self, k) for k in self.options}
+
+
+def numba_hash(self):
+    return hash(tuple(sorted(numba_values(self))))
+
+
+def numba_eq(self, other):
+    return numba_values(self) == numba_values(other)
+
+
+def _flags():
+    """Flags as numba makes them for a compile: some set to their defaults, some to other values, copies."""
+    out = [Flags()]
+    settings = [("nrt", True), ("nrt", False), ("no_cpython_wrapper", True), ("no_cfunc_wrapper", True),
+                ("boundscheck", True), ("inline", "always"), ("enable_looplift", True), ("error_model", "numpy")]
+    for a, b in itertools.combinations(settings, 2):
+        f = Flags()
+        for name, value in (a, b):
+            setattr(f, name, value)
+        out.append(f)
+        out.append(Flags(f))            # numba's copy
+    d = Flags()
+    d.nrt = Flags().nrt                 # set, to its default: equal to one left unset
+    out.append(d)
+    return out
+
+
+def test_installed_on_numbas_targetconfig():
+    assert nf.speed_up_flags()
+    assert TargetConfig.values is nf.values and TargetConfig.__eq__ is nf.eq and TargetConfig.__hash__ is nf.hash_
+
+
+def test_values_hash_and_equality_are_numbas():
+    flags = _flags()
+    for f in flags:
+        v = f.values()
+        assert v == numba_values(f) and list(v) == list(numba_values(f))   # same items, same order
+        assert hash(f) == numba_hash(f)
+    pairs = 0
+    for f, g in itertools.product(flags, repeat=2):
+        assert (f == g) is numba_eq(f, g)
+        assert (f != g) is (not numba_eq(f, g))
+        pairs += numba_eq(f, g) and f is not g
+    assert pairs > 0                    # distinct objects that are equal were compared
+    assert Flags() != 3 and Flags().__eq__(3) is NotImplemented
+
+
+def test_a_cache_keyed_by_flags_finds_equal_flags():
+    a, b = Flags(), Flags()
+    a.nrt = b.nrt = True
+    c = Flags()
+    c.nrt = False
+    cache = {("ctx", (1,), a): "impl"}
+    assert cache.get(("ctx", (1,), b)) == "impl" and cache.get(("ctx", (1,), c)) is None
