@@ -1,12 +1,18 @@
-"""numba's compile flags compared cheaply (servesim/_numba_flags.py): installed, and the same results as
-numba's own `TargetConfig.values`, `__hash__` and `__eq__` (written out below as numba 0.68 has them)."""
+"""numba compiling faster (servesim/_compile_speed.py): the compile flags compared cheaply, installed and
+giving the same results as numba's own `TargetConfig.values`, `__hash__` and `__eq__` (written out below
+as numba 0.68 has them); the collector's threshold raised while a servesim function compiles, and only
+then."""
+import gc
 import itertools
+from types import SimpleNamespace
+
+from numba.core import event
 
 from numba.core.compiler import Flags
 from numba.core.targetconfig import TargetConfig
 
 import servesim.jit  # noqa: F401  (installs them)
-from servesim import _numba_flags as nf
+from servesim import _compile_speed as nf
 
 
 def numba_values(self):
@@ -65,3 +71,30 @@ def test_a_cache_keyed_by_flags_finds_equal_flags():
     c.nrt = False
     cache = {("ctx", (1,), a): "impl"}
     assert cache.get(("ctx", (1,), b)) == "impl" and cache.get(("ctx", (1,), c)) is None
+
+
+def _compiling(module):
+    """numba's event around a compilation, for a dispatcher of a function defined in `module`."""
+    def f():
+        pass
+    f.__module__ = module
+    return event.trigger_event("numba:compile", data={"dispatcher": SimpleNamespace(py_func=f)})
+
+
+def test_fewer_collections_only_while_a_servesim_function_compiles():
+    before = gc.get_threshold()
+    assert before[0] < nf.COMPILE_GC_THRESHOLD
+    with _compiling("servesim.engine.kernel"):
+        assert gc.get_threshold() == (nf.COMPILE_GC_THRESHOLD, *before[1:])
+        with _compiling("numba.np.arrayobj"):       # what it compiles on the way: still raised
+            assert gc.get_threshold()[0] == nf.COMPILE_GC_THRESHOLD
+        assert gc.get_threshold()[0] == nf.COMPILE_GC_THRESHOLD
+    assert gc.get_threshold() == before
+    with _compiling("mypackage.kernels"):           # someone else's jitted code: left alone
+        assert gc.get_threshold() == before
+    try:
+        with _compiling("servesim.engine.kernel"):
+            raise RuntimeError("a failed compile")
+    except RuntimeError:
+        pass
+    assert gc.get_threshold() == before
