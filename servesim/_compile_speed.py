@@ -113,7 +113,7 @@ def fewer_collections_while_compiling() -> None:
             if _gc_state["depth"] != 1:
                 return
             func = getattr(ev.data.get("dispatcher"), "py_func", None)
-            if getattr(func, "__module__", "").startswith("servesim."):
+            if (getattr(func, "__module__", None) or "").startswith("servesim."):
                 t = gc.get_threshold()
                 if t[0] < COMPILE_GC_THRESHOLD:
                     _gc_state["saved"] = t

@@ -212,7 +212,7 @@ def compile_notice() -> None:
             if _notice["said"]:
                 return
             func = getattr(ev.data.get("dispatcher"), "py_func", None)
-            if getattr(func, "__module__", "").startswith(_PACKAGE + "."):
+            if (getattr(func, "__module__", None) or "").startswith(_PACKAGE + "."):
                 _notice["said"] = True
                 print(NOTICE.format(s=COLD_COMPILE_S), file=sys.stderr, flush=True)
 

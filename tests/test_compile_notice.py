@@ -27,6 +27,7 @@ def test_the_first_compile_of_servesim_code_prints_one_line_once(capsys, monkeyp
     _jitcache.compile_notice()
     _jitcache.compile_notice()                      # idempotent: one listener
     _probe("not_servesim.probe")(1)                 # another package's compile: nothing
+    _probe(None)(1)                                 # (a function made by exec has no module)
     assert capsys.readouterr().err == ""
     first = _probe("servesim.probe_a")
     first(1)

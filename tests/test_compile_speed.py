@@ -92,6 +92,8 @@ def test_fewer_collections_only_while_a_servesim_function_compiles():
     assert gc.get_threshold() == before
     with _compiling("mypackage.kernels"):           # someone else's jitted code: left alone
         assert gc.get_threshold() == before
+    with _compiling(None):                          # (a function made by exec: no module)
+        assert gc.get_threshold() == before
     try:
         with _compiling("servesim.engine.kernel"):
             raise RuntimeError("a failed compile")
