@@ -100,3 +100,25 @@ def test_fewer_collections_only_while_a_servesim_function_compiles():
     except RuntimeError:
         pass
     assert gc.get_threshold() == before
+
+
+def test_the_kernels_config_record_holds_every_field_exactly():
+    import math
+
+    import numpy as np
+    import pytest
+
+    from servesim.engine.state import EngineConfig, config_dtype, config_record
+    cfg = EngineConfig(policy=2, router=1, preemption=0, replicas=4, pp=2, max_num_seqs=256,
+                       max_batched_tokens=8192, max_chunk_tokens=512, block_size=16, num_blocks=27905,
+                       watermark_blocks=279, concurrency=0, max_time=math.inf, warmup_time=0.25,
+                       kv_bytes_per_token=131072.0, log_size=4096, frontend=1e-3, prefix_caching=1,
+                       layerwise=0, fast_forward=1)
+    rec = config_record(cfg)
+    assert rec.dtype == config_dtype and rec.dtype.names == EngineConfig._fields
+    for name in EngineConfig._fields:
+        assert rec[name] == getattr(cfg, name), name
+        assert rec.dtype[name] == (np.float64 if name in ("max_time", "warmup_time", "kv_bytes_per_token",
+                                                          "frontend") else np.int64), name
+    with pytest.raises(ValueError, match="max_num_seqs = 2.5"):
+        config_record(cfg._replace(max_num_seqs=2.5))

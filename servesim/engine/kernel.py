@@ -33,7 +33,7 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     ENDED, HEAP_N, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
-    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, EngineOutput, Pools, engine_output, kernel_pools,
+    STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, config_record, EngineOutput, Pools, engine_output, kernel_pools,
     new_cache, new_counters, new_log, new_pad, new_replicas, new_requests, new_span, new_step, new_turns, new_xfers,
 )
 from ..jit import JIT
@@ -95,9 +95,10 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
         dtabs = cost_inputs(dps, pools) if dps is not None else tabs
     sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
     fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
-    now, _ = run_nb(tabs, fs, cfg, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
+    cr = config_record(cfg)     # (one record: see state.config_dtype)
+    now, _ = run_nb(tabs, fs, cr, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
                     log, ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
-    end_run_nb(cfg, rq, rp, sp, pool_stats, now)
+    end_run_nb(cr, rq, rp, sp, pool_stats, now)
     transfers = bool(np.any(pools.role != C.MIXED))     # (a prefill or decode pool: KV transfers)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats, prefix,
                          transfers)._replace(span_iterations=int(sp.count[0]))
@@ -125,7 +126,8 @@ RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 @njit(_nrt=False, **JIT)
 def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
            pad, now, until):
-    """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; returns (the last
+    """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; ``cfg``: the
+    EngineConfig as one record (`state.config_record`); returns (the last
     event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
     the state as it was, so that a later call with the same state continues exactly; `end_run_nb` ends it.
     ``ps``, ``dps``: the pools' cost tables and their drafts' (`cost_inputs`; row k pool k's); ``fs``: the

@@ -12,7 +12,7 @@ attributes are the fields of `request_dtype` and of `replica_dtype` (or the arra
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, get_type_hints
 
 import numpy as np
 from numba import njit
@@ -47,6 +47,22 @@ class EngineConfig(NamedTuple):
     layerwise: int = 0          # 1: KV transfers pipelined layer by layer (only the last layer exposed)
     fast_forward: int = 1       # 1: decode spans without touching their requests (span.py); 0: step by step
 
+
+
+# The kernel takes the configuration as one NumPy record (`config_record`): numba passes a record by
+# reference, one argument to each handler where the NamedTuple's 20 fields were 20 (each flattened at
+# every call and unpacked at every entry: ~0.5 CPU s of a cold compile; README, Speed).
+config_dtype = np.dtype([(name, np.float64 if t is float else np.int64)
+                         for name, t in get_type_hints(EngineConfig).items()])
+
+
+def config_record(cfg: EngineConfig):
+    """``cfg`` as one record of `config_dtype`, as `kernel.run_nb` and `kernel.end_run_nb` take it."""
+    for name, t in get_type_hints(EngineConfig).items():
+        v = getattr(cfg, name)
+        if t is int and int(v) != v:        # (the record's int64 field would truncate it)
+            raise ValueError(f"EngineConfig.{name} = {v!r}: an integer is needed")
+    return np.array([tuple(cfg)], config_dtype)[0]
 
 class Pools(NamedTuple):
     """One element per pool (POOLS.md); pool k's replicas are first[k] .. first[k] + count[k] - 1."""
