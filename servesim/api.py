@@ -496,16 +496,36 @@ WARMUP_RUNS = {name + suffix: opts | shape for name, opts in _ENGINE_FEATURES.it
                for suffix, shape in (("", {}), (", MoE/MLA/EP/int4", {"dtype": "int4"}))}
 
 
+LONG_RUNS = "long runs (over 65,536 requests)"
+
+
 def warmup(runs=None, each=None) -> dict:
     """Compile (or load from numba's cache) every feature set of the kernel ahead of time, by one
-    20-request simulation of each (`WARMUP_RUNS`); returns {name: wall seconds}. ``each(name, s)``
-    is called after each run."""
+    20-request simulation of each (`WARMUP_RUNS`), then the jitted helpers only long runs call
+    (`LONG_RUNS`, `warm_long_runs`); returns {name: wall seconds}. ``each(name, s)`` is called after each."""
     import time
     out = {}
-    for name, opts in (runs or WARMUP_RUNS).items():
+    steps = [(name, lambda opts=opts: simulate(num_requests=20, seed=0, **opts))
+             for name, opts in (runs or WARMUP_RUNS).items()] + [(LONG_RUNS, warm_long_runs)]
+    for name, step in steps:
         t0 = time.perf_counter()
-        simulate(num_requests=20, seed=0, **opts)
+        step()
         out[name] = time.perf_counter() - t0
         if each is not None:
             each(name, out[name])
     return out
+
+
+def warm_long_runs() -> None:
+    """Compile the jitted helpers that only runs over 65,536 requests call, on tiny inputs of the same
+    types: the batch means of the intervals (`batchmeans`), the gather of the output columns
+    (`engine.state.gather_nb`), the order of the completions by finish time (`order`)."""
+    from .batchmeans import batch_squares_nb
+    from .engine.state import OUTPUT_FIELDS, gather_nb, new_requests
+    from .order import bucket_argsort_nb
+    x = np.arange(4.0)
+    batch_squares_nb(x, 0.0, 0.0, False, 1, np.empty(4))
+    ones = np.ones(4, np.int64)
+    rq = new_requests(x, ones, ones, x, x, np.full(4, -1, np.int64))
+    gather_nb(rq, *(np.empty(4, rq.dtype[k]) for k in OUTPUT_FIELDS), np.empty(0), np.empty(0), np.empty(0, np.int64))
+    bucket_argsort_nb(x, 0.0, 1.0, 4, np.empty(4, np.int64))
