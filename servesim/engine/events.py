@@ -526,23 +526,18 @@ def log_iteration_nb(log, ctr, now, r, nb, tokens, kv_in_use, waiting):
     it = ctr[ITERATIONS] - 1
     if it & (ctr[LOG_STRIDE] - 1) != 0:     # (it % stride: the stride is a power of two)
         return
-    L = log.time.shape[0]
+    L = log.shape[0]
     if ctr[LOG_COUNT] == L:
         for k in range(L // 2):
-            log.time[k] = log.time[2 * k]
-            log.replica[k] = log.replica[2 * k]
-            log.seqs[k] = log.seqs[2 * k]
-            log.tokens[k] = log.tokens[2 * k]
-            log.kv_blocks[k] = log.kv_blocks[2 * k]
-            log.waiting[k] = log.waiting[2 * k]
+            log[k] = log[2 * k]     # (whole records: one site each, cheaper to compile than a field's)
         ctr[LOG_COUNT] = L // 2
         ctr[LOG_STRIDE] *= 2
     if it & (ctr[LOG_STRIDE] - 1) == 0:
-        n = ctr[LOG_COUNT]
-        log.time[n] = now
-        log.replica[n] = r
-        log.seqs[n] = nb
-        log.tokens[n] = tokens
-        log.kv_blocks[n] = kv_in_use
-        log.waiting[n] = waiting
+        e = log[ctr[LOG_COUNT]]     # (a reference to the record)
+        e.time = now
+        e.replica = r
+        e.seqs = nb
+        e.tokens = tokens
+        e.kv_blocks = kv_in_use
+        e.waiting = waiting
         ctr[LOG_COUNT] += 1
