@@ -7,8 +7,10 @@ from servesim.engine import events, schedule
 from servesim.reference import sim
 
 # kernel-only mechanics with no reference counterpart: the reference uses a deque and a list; the
-# decode fast-forward's handler (engine/span.py: the reference, like --no-fast-forward, runs step by step)
-MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_front", "log_iteration", "span_finish"}
+# decode fast-forward's handlers (engine/span.py: the reference, like --no-fast-forward, runs step by step);
+# `launch`'s second half, shared with the fast-forward's decision (`fly`)
+MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_front", "log_iteration", "span_finish",
+             "span_decide", "fly"}
 
 
 def _handlers(module):

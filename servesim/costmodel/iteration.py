@@ -159,6 +159,13 @@ def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
     chunks and decodes and the queries and outputs of the step's tokens; the LM head on the sampled
     rows. Per GPU, summed over the layers of every pipeline stage, times the TP group. ``moe_tok``: the
     tokens the MoE layers route (m; with wide EP every DP rank's real tokens)."""
+    b, lm = _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok)
+    return _bytes_kv_nb(p, b, lm, m, tokens, kv_pf, kv_dec)
+
+
+@njit(**JIT)
+def _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok):
+    """`step_bytes_nb`'s terms that depend on the token counts alone: (the GEMMs' bytes, the LM head's)."""
     attn = _gemms_bytes_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
     b = p[F.n_dense_layers] * (attn + _gemms_bytes_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
     if moe is not None and p[F.n_moe_layers] > 0.0:
@@ -175,10 +182,16 @@ def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
         router = gemm_bytes_nb(m, p[F.hidden], p[F.router_n], 2.0, 2.0)
         shared = _gemms_bytes_nb(p, m, array_nb(p, F.sh_k), array_nb(p, F.sh_n))
         b += p[F.n_moe_layers] * (attn + experts + shared + router)
+    return b, gemm_bytes_nb(n_logit, p[F.hidden], p[F.vocab_gpu], 2.0, 2.0)
+
+
+@njit(inline="always", **JIT)
+def _bytes_kv_nb(p, b, lm, m, tokens, kv_pf, kv_dec):
+    """`step_bytes_nb` from its count terms ``b``, ``lm`` (`_bytes_counts_nb`), in its order of summing."""
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
     b += n_layers * (m * p[F.elem_bytes_tok_layer] + p[F.kv_bytes_tok_layer] * (kv_pf + kv_dec)
                      + p[F.q_bytes_tok_layer] * tokens)
-    b += gemm_bytes_nb(n_logit, p[F.hidden], p[F.vocab_gpu], 2.0, 2.0)
+    b += lm
     return b * p[F.tp]
 
 
@@ -364,10 +377,23 @@ def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf
     """One step of one (DP attention) rank: its own prefill chunks and decodes; with wide EP its MoE
     layers route ``moe_tok`` tokens, every rank's (the routed experts and all-to-all outside the
     per-token tables)."""
+    if tp_tok + n_dec <= 0.0:
+        return IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    c = counts_part_nb(p, moe, ep, wo, tp_tok, n_pf, n_logit, n_dec, moe_tok)
+    return kv_part_nb(p, mla, c, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
+
+
+# `counts_part_nb`'s terms, in its tuple's order (`decode_cost_nb` keeps them per decode count)
+N_COUNT_TERMS = 12
+
+
+@njit(**JIT)
+def counts_part_nb(p, moe, ep, wo, tp_tok, n_pf, n_logit, n_dec, moe_tok):
+    """The terms of `_rank_components_nb` that depend on the step's token and sequence counts alone, not
+    on the KV it reads or its attention pairs: (m, gemm, elem, comm, send, cpu, host, the weights'
+    FLOPs, the bytes' count terms (`_bytes_counts_nb`), tokens, seqs). Tokens > 0."""
     tokens = tp_tok + n_dec
     seqs = n_pf + n_dec
-    if tokens <= 0.0:
-        return IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     padded = graph_tokens_nb(array_nb(p, F.graph_sizes), tokens) if p[F.graph_mode] != GRAPH_NONE else -1.0
     m = padded if padded > 0.0 else tokens
     mi = int(m)
@@ -389,16 +415,27 @@ def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf
         comm_tp += p[F.coll_base] + reduce_scatter_time_nb(n_logit * p[F.vocab_gpu] * p[F.tp] * 4.0, p[F.tp],
                                                            p[F.tp_bw], p[F.tp_alpha])
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
-    attn = n_layers * attention_nb(p, mla, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
     send = 0.0
     if p[F.pp] > 1.0:
         send = p2p_time_nb(tokens * p[F.hidden] * 2.0, p[F.pp_bw], p[F.pp_alpha], p[F.pp_bw_large], p[F.pp_large_bytes])
-    body = gemm + attn + elem + comm_tp
     cpu = launches_nb(p, n_pf, n_layers, padded) * p[F.launch]
     if padded <= 0.0 and p[F.tp] > 1.0 and p[F.ar_custom] > 0.0 and m * p[F.hidden] * 2.0 <= p[F.ar_max_bytes]:
         cpu += 2.0 * n_layers * p[F.ar_eager]    # host time of each eager call of the engine's all-reduce
-    busy = max(body, cpu) + p[F.step_gpu]
     host = p[F.overhead] + p[F.overhead_seq] * seqs
+    flops_w = 2.0 * p[F.active_params_gpu] * p[F.tp] * p[F.pp] * tokens    # (flops_nb's first term)
+    b, lm = _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok)
+    return m, gemm, elem, comm_tp, send, cpu, host, flops_w, b, lm, tokens, seqs
+
+
+@njit(**JIT)
+def kv_part_nb(p, mla, c, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
+    """`_rank_components_nb` from its count terms ``c`` (`counts_part_nb`) and the KV the step reads:
+    attention, the step's time, FLOPs and bytes."""
+    m, gemm, elem, comm_tp, send, cpu, host, flops_w, b, lm, tokens, seqs = c
+    n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
+    attn = n_layers * attention_nb(p, mla, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec)
+    body = gemm + attn + elem + comm_tp
+    busy = max(body, cpu) + p[F.step_gpu]
     if p[F.host_overlap] > 0.0:
         step = max(busy, host)
     else:
@@ -406,9 +443,27 @@ def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf
     overhead = step - body
     latency = step + (p[F.pp] - 1.0) * send
     interval = body / p[F.pp] + send + overhead
-    flops = flops_nb(p, tokens, pairs, kv_dec)
-    nbytes = step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok)
+    # flops_nb, its first term from the counts
+    flops = flops_w + n_layers * p[F.tp] * (pairs * p[F.attn_flops_pair] + kv_dec * p[F.attn_flops_kv_decode])
+    nbytes = _bytes_kv_nb(p, b, lm, m, tokens, kv_pf, kv_dec)
     return IterationCost(gemm, attn, elem, comm_tp + (p[F.pp] - 1.0) * send, overhead, latency, interval, flops, nbytes)
+
+
+@njit(**JIT)
+def decode_cost_nb(p, moe, ep, mla, wo, memo, n, kv):
+    """`iteration_components_nb` of a step of ``n`` decodes alone reading ``kv`` KV tokens (a decode
+    span's iteration, engine/span.py), its count terms kept in ``memo`` row n (`counts_part_nb`'s
+    tuple after a flag 1.0; zeros: not yet computed) for the steps of the same count; the same
+    floating-point operations, so the same result. Not with DP attention (`rank_share_nb`)."""
+    x = float(n)
+    if memo[n, 0] == 0.0:
+        c = counts_part_nb(p, moe, ep, wo, 0.0, 0.0, x, x, 0.0)
+        for j in range(N_COUNT_TERMS):
+            memo[n, 1 + j] = c[j]
+        memo[n, 0] = 1.0
+    c = (memo[n, 1], memo[n, 2], memo[n, 3], memo[n, 4], memo[n, 5], memo[n, 6], memo[n, 7], memo[n, 8],
+         memo[n, 9], memo[n, 10], memo[n, 11], memo[n, 12])
+    return kv_part_nb(p, mla, c, 0.0, 0.0, 0.0, 0.0, x, float(kv))
 
 
 @njit(**JIT)

@@ -11,7 +11,7 @@ import math
 from numba import njit
 
 from ..costmodel import fields as F
-from ..costmodel.iteration import iteration_components_nb
+from ..costmodel.iteration import decode_cost_nb, iteration_components_nb
 from ..costmodel.speculative import draft_time_nb
 from . import codes as C
 from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_nb
@@ -143,38 +143,58 @@ def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
     members' own ending completions (`sp.fin_at`) are read in running order, not from their records;
     the positions before the first member it ends stay as they are."""
     c = sp.row.done[r]
-    run, fin_at = rp.running, sp.fin_at
-    k = r * cfg.pp
+    # replica r's rows, as 1-D views: the loops below index them by position alone (and vectorise)
+    run, fin_at, epoch, sreq = rp.running[r], sp.fin_at[r], sp.epoch[r], rp.slot_req[r * cfg.pp]
     n = sp.row.n[r]
     nr = rp.row.n_running[r]
-    fin = 1 << 62
-    first = 0
-    while first < n and fin_at[r, first] > c:      # (fin is the least: some member ends)
-        if fin_at[r, first] < fin:
-            fin = fin_at[r, first]
-        first += 1
+    big = 1 << 62
+    fin = big       # the least ending completion of the members that stay
+    ends = 0        # members it ends
+    at = 0          # ... the position of the one, when one ends (the usual case)
+    for pos in range(n):
+        f = fin_at[pos]
+        e = f <= c
+        ends += e
+        at += pos if e else 0
+        fin = min(fin, big if e else f)
+    first = at
+    if ends > 1:
+        first = 0
+        while fin_at[first] > c:
+            first += 1
     for pos in range(first, n):     # the members it ends, in running order
-        if fin_at[r, pos] <= c:
-            i = run[r, pos]
-            leave_nb(cfg, rq, sp, r, i, sp.epoch[r, pos])
+        if fin_at[pos] <= c:
+            i = run[pos]
+            leave_nb(cfg, rq, sp, r, i, epoch[pos])
             rp.row.load[r] -= 1
             release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
             rq.blocks[i] = 0
             end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
-    q = first
-    for pos in range(first, nr):    # the running list closes up over them
-        i = run[r, pos]
-        if pos < n:
-            f = fin_at[r, pos]
-            if f <= c:
-                continue
-            if f < fin:
-                fin = f
-            sp.epoch[r, q] = sp.epoch[r, pos]
-            fin_at[r, q] = f
-            rp.slot_req[k, q] = i
-        run[r, q] = i
-        q += 1
+            if ends == 1:
+                break
+    if ends == 1:   # the running list and the span's positions close up over it (plain shifts)
+        for q in range(at, n - 1):
+            epoch[q] = epoch[q + 1]
+        for q in range(at, n - 1):
+            fin_at[q] = fin_at[q + 1]
+        for q in range(at, n - 1):
+            sreq[q] = sreq[q + 1]
+        for q in range(at, nr - 1):
+            run[q] = run[q + 1]
+        q = nr - 1
+    else:
+        q = first
+        for pos in range(first, nr):    # the running list closes up over them
+            i = run[pos]
+            if pos < n:
+                f = fin_at[pos]
+                if f <= c:
+                    continue
+                epoch[q] = epoch[pos]
+                fin_at[q] = f
+                sreq[q] = i
+            run[q] = i
+            q += 1
     rp.row.n_running[r] = q
     sp.row.n[r] = n - (nr - q)
     sp.row.fin[r] = fin
@@ -398,16 +418,39 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
 
 
 @njit(inline="always", **HANDLER)
+def span_decide_nb(ps, fs, cfg, pools, rp, sp, ctr, stats, log, r, now):
+    """`schedule_nb`'s most common decision, inlined in the loop (a call of `schedule_nb` passes ~300
+    words of arguments): replica r's span goes on (`span.span_quick_nb`) and nothing waits, so the
+    batch is the span's members alone, priced from their count and KV as `launch_nb` prices them, the
+    terms of the count kept from the pool's earlier steps (`costmodel.iteration.decode_cost_nb`).
+    Returns False, with nothing changed, when that is not the case: `schedule_nb` decides. The caller
+    checks that spans run (fast-forward on, no speculative decoding, not static batching)."""
+    if rp.row.n_waiting[r] > 0:
+        return False
+    kv = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
+    if kv < 0:
+        return False
+    set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
+    n = sp.row.n[r]
+    pl = rp.row.pool[r]
+    p = ps[pl]
+    if fs.ep is not None and p[F.attn_dp] > 1.0:     # (DP attention: the busiest rank's share)
+        cost = iteration_components_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(kv))
+    else:
+        cost = decode_cost_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, sp.memo[pl], n, kv)
+    fly_nb(cfg, pools, rp, ctr, stats, log, r, n, 0.0 + float(n), cost, 0.0, 0.0, now)
+    return True
+
+
+@njit(inline="always", **HANDLER)
 def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span, pad):
-    """Price the micro-batch from its aggregates, put it in a pipeline slot, account and log it. With
+    """Price the micro-batch from its aggregates and put it in flight (`fly_nb`). With
     speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
     (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
     ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
     KV sums to it, and they are already in the slot. Static batching pads the batch with its finished
     members (``pad``). ``fs``: the step cost's shape (costmodel/features.py)."""
     pl = rp.row.pool[r]
-    PP = pools.row.pp[pl]
-    base = r * cfg.pp
     computed, generated, prompt, b_req, b_chunk = rq.computed, rq.generated, rq.prompt, step.req, step.chunk
     tp_tok = 0.0
     n_pf = 0.0
@@ -458,14 +501,30 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
     draft = 0.0
     if spec is not None and n_spec > 0.0 and spec.draft > 0:
         draft = draft_time_nb(dp, fs.moe, fs.ep, fs.mla, fs.wo, p[F.attn_dp], n_spec, kv_spec, spec.k, spec.proj)
-    latency = cost.latency + swap_s + draft
-    interval = cost.interval + swap_s + draft
+    k, interval = fly_nb(cfg, pools, rp, ctr, stats, log, r, nb, tp_tok + n_dec, cost, swap_s, draft, now)
     if spec is not None and n_spec > 0.0:
         stats[pl, STAT_DRAFT] += draft
         stats[pl, STAT_VERIFY] += interval - draft
         stats[pl, STAT_SPEC_STEPS] += n_spec
         stats[pl, STAT_SPEC_TOKENS] += spec_tok
+    slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
+    for j in range(lo, nb):
+        slot_req[k, j] = b_req[j]
+        slot_chunk[k, j] = b_chunk[j]
+        in_flight[b_req[j]] = True
+
+
+@njit(inline="always", **HANDLER)
+def fly_nb(cfg, pools, rp, ctr, stats, log, r, nb, tokens, cost, swap_s, draft, now):
+    """The micro-batch of ``nb`` members and ``tokens`` tokens, priced (``cost``, plus ``swap_s`` and the
+    drafts' ``draft`` seconds), goes in flight on replica r: a pipeline slot, its completion and the
+    replica's next decision, the statistics and the log; returns (the slot, the interval)."""
+    pl = rp.row.pool[r]
+    PP = pools.row.pp[pl]
+    latency = cost.latency + swap_s + draft
+    interval = cost.interval + swap_s + draft
     # claim a pipeline slot
+    base = r * cfg.pp
     k = base
     slot_end = rp.slot_end
     for s in range(PP):
@@ -491,11 +550,6 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
     set_time_nb(rp.slot_end, rp.slot_tree, k, t_out)
     rp.slot_start[k] = now
     rp.slot_n[k] = nb
-    slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
-    for j in range(lo, nb):
-        slot_req[k, j] = b_req[j]
-        slot_chunk[k, j] = b_chunk[j]
-        in_flight[b_req[j]] = True
     rp.row.n_in_flight[r] += 1
     rp.row.next_free[r] = now + interval
     wake_nb(pools, rp, r, rp.row.next_free[r])
@@ -505,7 +559,7 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
     stats[pl, STAT_ITERATIONS] += 1
     stats[pl, STAT_BUSY] += interval
     stats[pl, STAT_SEQS_TIME] += nb * interval
-    stats[pl, STAT_TOKENS_TIME] += (tp_tok + n_dec) * interval
+    stats[pl, STAT_TOKENS_TIME] += tokens * interval
     stats[pl, STAT_KV_TIME] += kv_in_use * interval
     if kv_in_use > stats[pl, STAT_KV_MAX]:
         stats[pl, STAT_KV_MAX] = kv_in_use
@@ -517,7 +571,8 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
     stats[pl, STAT_ELEM] += cost.elementwise
     stats[pl, STAT_COMM] += cost.communication
     stats[pl, STAT_OVERHEAD] += cost.overhead
-    log_iteration_nb(log, ctr, now, r, nb, int(tp_tok + n_dec), kv_in_use, rp.row.n_waiting[r])
+    log_iteration_nb(log, ctr, now, r, nb, int(tokens), kv_in_use, rp.row.n_waiting[r])
+    return k, interval
 
 
 @njit(**HANDLER)

@@ -24,7 +24,7 @@ from numba import njit
 from ..costmodel.features import FULL, features
 from ..costmodel.fields import tables
 from . import codes as C
-from .events import arrive_nb, complete_nb, schedule_nb, transfer_nb
+from .events import arrive_nb, complete_nb, schedule_nb, span_decide_nb, transfer_nb
 from .flow import heap_pop_nb
 from .jit import HANDLER
 from .nextevent import first_nb
@@ -93,7 +93,7 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     if spec is not None:
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dtabs = cost_inputs(dps, pools) if dps is not None else tabs
-    sp = new_span(cfg)      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
+    sp = new_span(cfg, pools.role.shape[0])      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
     fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
     cr = config_record(cfg)     # (one record: see state.config_dtype)
     now, _ = run_nb(tabs, fs, cr, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
@@ -169,7 +169,8 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
                 ctr[NEXT_ARRIVAL] += 1
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, turns, ctr, i, now)
-        else:
+        elif not (spec is None and cfg.fast_forward and cfg.policy != C.STATIC
+                  and span_decide_nb(ps, fs, cfg, pools, rp, sp, ctr, stats, log, r, now)):
             schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
                         sp, pad)
     return now, RUN_ENDED

@@ -20,6 +20,7 @@ from numba import njit
 from ..jit import JIT
 from . import codes as C
 from ..workload.chains import Chains  # noqa: F401  (a kernel input: built by the workload's chain builder)
+from ..costmodel.iteration import N_COUNT_TERMS
 from .nextevent import new_tree
 
 INF = math.inf
@@ -323,6 +324,8 @@ class Span(NamedTuple):
     e_start: np.ndarray         # (R, SPAN_EPOCHS) the span's completions when an epoch began (members joined)
     e_max: np.ndarray           # (R, SPAN_EPOCHS) the longest gap of the epoch's completions
     count: np.ndarray           # (1) iterations run as spans (diagnostic)
+    memo: np.ndarray            # (P, max_num_seqs + 1, ...) each pool's step cost terms by decode count
+                                # (costmodel.iteration.decode_cost_nb; zeros: not yet computed)
 
 
 SPAN_EPOCHS = 32                # joins per span (then joiners wait for the next span)
@@ -423,12 +426,13 @@ def new_xfers(n):
     return np.zeros(n, np.int64)
 
 
-def new_span(cfg):
+def new_span(cfg, n_pools):
     R = cfg.replicas
     return Span(np.zeros(R, span_dtype).view(np.recarray), np.zeros((R, cfg.block_size), np.int64),
                 np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, cfg.max_num_seqs), np.int64),
                 np.zeros((R, SPAN_EPOCHS), np.int64),
-                np.zeros((R, SPAN_EPOCHS)), np.zeros(1, np.int64))
+                np.zeros((R, SPAN_EPOCHS)), np.zeros(1, np.int64),
+                np.zeros((n_pools, cfg.max_num_seqs + 1, 1 + N_COUNT_TERMS)))
 
 
 # static batching's padding (`new_pad`, per replica): its finished members still padding the batch and

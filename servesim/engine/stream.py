@@ -83,7 +83,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     ctr = new_counters(cfg, 0)
     log = new_log(cfg.log_size)
     step = new_step(cfg.max_num_seqs)
-    sp = new_span(cfg)      # decode fast-forward: aggregates per replica, no request index to shift
+    sp = new_span(cfg, pools.role.shape[0])      # decode fast-forward: aggregates per replica, no request index to shift
     pad = new_pad(cfg)      # static batching's padding: counts per replica, no request index
     cr = config_record(cfg)     # (as the kernel takes it: state.config_dtype)
     pool_stats = np.zeros((pools.role.shape[0], N_STATS))
