@@ -8,9 +8,9 @@ from servesim.reference import sim
 
 # kernel-only mechanics with no reference counterpart: the reference uses a deque and a list; the
 # decode fast-forward's handlers (engine/span.py: the reference, like --no-fast-forward, runs step by step);
-# `launch`'s second half, shared with the fast-forward's decision (`fly`)
+# the pricing half of the reference's `launch` (`price`: a decision prices its batch, the loop launches it)
 MECHANICS = {"drop_running", "push_back", "push_front", "insert_after", "pop_front", "log_iteration", "span_finish",
-             "span_decide", "fly"}
+             "span_decide", "price"}
 
 
 def _handlers(module):

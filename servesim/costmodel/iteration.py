@@ -149,23 +149,17 @@ def _gemms_bytes_nb(p, m, ks, ns):
     return b
 
 
-@njit(**JIT)
-def step_bytes_nb(p, moe, ep, m, n_logit, tokens, kv_pf, kv_dec, moe_tok):
-    """HBM bytes one step moves on a whole replica, the bytes the cost above prices: every layer's
-    GEMMs at the priced token count ``m`` (weights once, activations in and out: ``gemm_bytes_nb``);
-    for a MoE layer the routed experts the batch touches (``expected_experts_nb`` of them, each
-    running its share of the m x top_k rows, as ``_moe_nb`` prices them), the shared experts and the
-    16-bit router; the elementwise kernels' bytes per token; attention's KV cache of the prefill
-    chunks and decodes and the queries and outputs of the step's tokens; the LM head on the sampled
-    rows. Per GPU, summed over the layers of every pipeline stage, times the TP group. ``moe_tok``: the
-    tokens the MoE layers route (m; with wide EP every DP rank's real tokens)."""
-    b, lm = _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok)
-    return _bytes_kv_nb(p, b, lm, m, tokens, kv_pf, kv_dec)
-
-
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok):
-    """`step_bytes_nb`'s terms that depend on the token counts alone: (the GEMMs' bytes, the LM head's)."""
+    """The HBM bytes one step moves on a whole replica, the bytes the cost above prices, their terms
+    that depend on the token counts alone: (every layer's GEMMs at the priced token count ``m``
+    (weights once, activations in and out: ``gemm_bytes_nb``), for a MoE layer the routed experts the
+    batch touches (``expected_experts_nb`` of them, each running its share of the m x top_k rows, as
+    ``_moe_nb`` prices them), the shared experts and the 16-bit router; the LM head on the sampled
+    rows). `_bytes_kv_nb` adds the elementwise kernels' bytes per token and attention's: the KV cache of
+    the prefill chunks and decodes and the queries and outputs of the step's tokens. Per GPU, summed
+    over the layers of every pipeline stage, times the TP group. ``moe_tok``: the tokens the MoE layers
+    route (m; with wide EP every DP rank's real tokens)."""
     attn = _gemms_bytes_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
     b = p[F.n_dense_layers] * (attn + _gemms_bytes_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
     if moe is not None and p[F.n_moe_layers] > 0.0:
@@ -187,7 +181,7 @@ def _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok):
 
 @njit(inline="always", **JIT)
 def _bytes_kv_nb(p, b, lm, m, tokens, kv_pf, kv_dec):
-    """`step_bytes_nb` from its count terms ``b``, ``lm`` (`_bytes_counts_nb`), in its order of summing."""
+    """The step's HBM bytes from their count terms ``b``, ``lm`` (`_bytes_counts_nb`)."""
     n_layers = p[F.n_dense_layers] + p[F.n_moe_layers]
     b += n_layers * (m * p[F.elem_bytes_tok_layer] + p[F.kv_bytes_tok_layer] * (kv_pf + kv_dec)
                      + p[F.q_bytes_tok_layer] * tokens)
@@ -372,7 +366,7 @@ def flops_nb(p, tokens, pairs, kv_dec):
         pairs * p[F.attn_flops_pair] + kv_dec * p[F.attn_flops_kv_decode])
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)     # (two calls in iteration_components_nb, each a call of the two parts)
 def _rank_components_nb(p, moe, ep, mla, wo, tp_tok, n_pf, n_logit, pairs, kv_pf, n_dec, kv_dec, moe_tok):
     """One step of one (DP attention) rank: its own prefill chunks and decodes; with wide EP its MoE
     layers route ``moe_tok`` tokens, every rank's (the routed experts and all-to-all outside the
@@ -449,13 +443,16 @@ def kv_part_nb(p, mla, c, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     return IterationCost(gemm, attn, elem, comm_tp + (p[F.pp] - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)     # (one caller: the event loop's span decision)
 def decode_cost_nb(p, moe, ep, mla, wo, memo, n, kv):
     """`iteration_components_nb` of a step of ``n`` decodes alone reading ``kv`` KV tokens (a decode
     span's iteration, engine/span.py), its count terms kept in ``memo`` row n (`counts_part_nb`'s
     tuple after a flag 1.0; zeros: not yet computed) for the steps of the same count; the same
-    floating-point operations, so the same result. Not with DP attention (`rank_share_nb`)."""
+    floating-point operations, so the same result. With DP attention (`rank_share_nb`) the step cost
+    computed whole."""
     x = float(n)
+    if ep is not None and p[F.attn_dp] > 1.0:
+        return iteration_components_nb(p, moe, ep, mla, wo, 0.0, 0.0, x, 0.0, 0.0, x, float(kv))
     if memo[n, 0] == 0.0:
         c = counts_part_nb(p, moe, ep, wo, 0.0, 0.0, x, x, 0.0)
         for j in range(N_COUNT_TERMS):

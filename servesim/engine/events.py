@@ -11,7 +11,7 @@ import math
 from numba import njit
 
 from ..costmodel import fields as F
-from ..costmodel.iteration import decode_cost_nb, iteration_components_nb
+from ..costmodel.iteration import IterationCost, decode_cost_nb, iteration_components_nb
 from ..costmodel.speculative import draft_time_nb
 from . import codes as C
 from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_nb
@@ -138,41 +138,34 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, pre
 @njit(**HANDLER)
 def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
     """The span's completion `sp.row.fin` gives members their last token: in running order, each leaves the
-    span (`span.leave_nb`) and ends as in `complete_nb`; the running list closes up (as
+    span (`span.leave_nb`) and ends as in `complete_nb`, and the running list closes up over it (as
     `drop_running_nb` would), the span's positions with it; the span's next ending completion. The
-    members' own ending completions (`sp.fin_at`) are read in running order, not from their records;
-    the positions before the first member it ends stay as they are."""
+    members' own ending completions (`sp.fin_at`, by running position, not their records) are read in
+    one pass a member ending, which finds it and the least ending completion of the others (vectorised,
+    as are the shifts that close up the lists after it); the positions before it stay as they are."""
     c = sp.row.done[r]
     # replica r's rows, as 1-D views: the loops below index them by position alone (and vectorise)
     run, fin_at, epoch, sreq = rp.running[r], sp.fin_at[r], sp.epoch[r], rp.slot_req[r * cfg.pp]
     n = sp.row.n[r]
     nr = rp.row.n_running[r]
     big = 1 << 62
-    fin = big       # the least ending completion of the members that stay
-    ends = 0        # members it ends
-    at = 0          # ... the position of the one, when one ends (the usual case)
-    for pos in range(n):
-        f = fin_at[pos]
-        e = f <= c
-        ends += e
-        at += pos if e else 0
-        fin = min(fin, big if e else f)
-    first = at
-    if ends > 1:
-        first = 0
-        while fin_at[first] > c:
-            first += 1
-    for pos in range(first, n):     # the members it ends, in running order
-        if fin_at[pos] <= c:
-            i = run[pos]
-            leave_nb(cfg, rq, sp, r, i, epoch[pos])
-            rp.row.load[r] -= 1
-            release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
-            rq.blocks[i] = 0
-            end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
-            if ends == 1:
-                break
-    if ends == 1:   # the running list and the span's positions close up over it (plain shifts)
+    while True:     # (some member ends)
+        fin = big       # the least ending completion of the members that stay
+        ends = 0        # members it ends
+        at = big        # ... the first's position
+        for pos in range(n):
+            f = fin_at[pos]
+            e = f <= c
+            ends += e
+            at = min(at, pos if e else big)
+            fin = min(fin, big if e else f)
+        i = run[at]
+        leave_nb(cfg, rq, sp, r, i, epoch[at])
+        rp.row.load[r] -= 1
+        release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
+        rq.blocks[i] = 0
+        end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
+        # the running list and the span's positions close up over it
         for q in range(at, n - 1):
             epoch[q] = epoch[q + 1]
         for q in range(at, n - 1):
@@ -181,24 +174,14 @@ def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
             sreq[q] = sreq[q + 1]
         for q in range(at, nr - 1):
             run[q] = run[q + 1]
-        q = nr - 1
-    else:
-        q = first
-        for pos in range(first, nr):    # the running list closes up over them
-            i = run[pos]
-            if pos < n:
-                f = fin_at[pos]
-                if f <= c:
-                    continue
-                epoch[q] = epoch[pos]
-                fin_at[q] = f
-                sreq[q] = i
-            run[q] = i
-            q += 1
-    rp.row.n_running[r] = q
-    sp.row.n[r] = n - (nr - q)
+        n -= 1
+        nr -= 1
+        if ends == 1:
+            break
+    rp.row.n_running[r] = nr
+    sp.row.n[r] = n
     sp.row.fin[r] = fin
-    if sp.row.n[r] == 0:
+    if n == 0:
         sp.row.active[r] = 0
 
 
@@ -383,10 +366,11 @@ def arrive_nb(cfg, pools, chains, rq, rp, cache, turns, ctr, i, now):
 
 
 @njit(**HANDLER)    # called, not inlined: 1.5 CPU s less cold compile, same loop speed (README, Speed)
-def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps, sp, pad):
-    """A scheduling decision on replica r: form one micro-batch and launch it (the next iteration of a
-    decode span, span.py, when it can be one). Static batching only with its padding ``pad`` (None:
-    another policy, and `static_batch_nb` is not compiled)."""
+def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, r, now, spec, dps, sp, pad):
+    """A scheduling decision on replica r: form one micro-batch and price it (the next iteration of a
+    decode span, span.py, when it can be one); the loop launches it (`launch_nb`). Returns `price_nb`'s
+    tuple, its first member 0 when the batch is empty. Static batching only with its padding ``pad``
+    (None: another policy, and `static_batch_nb` is not compiled)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.row.pool[r]
     before = stats[pl, STAT_PREEMPTIONS]
@@ -406,51 +390,48 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
     else:
         nb, swap_s = continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
                                          spec)
-    if nb > 0:
-        dp = ps[pl]         # the drafts' cost table (speculative decoding), else unused
-        if spec is not None:
-            dp = dps[pl]
-        launch_nb(ps[pl], fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span,
-                  sp.row.n[r], pad)
-    elif stats[pl, STAT_PREEMPTIONS] > before:
-        # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
-        wake_nb(pools, rp, r, now)
+    if nb == 0:
+        if stats[pl, STAT_PREEMPTIONS] > before:
+            # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
+            wake_nb(pools, rp, r, now)
+        return nb, nb, 0.0, IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0
+    dp = ps[pl]         # the drafts' cost table (speculative decoding), else unused
+    if spec is not None:
+        dp = dps[pl]
+    return price_nb(ps[pl], fs, cfg, rq, step, r, nb, swap_s, spec, dp, kv_span, sp.row.n[r], pad)
 
 
 @njit(inline="always", **HANDLER)
-def span_decide_nb(ps, fs, cfg, pools, rp, sp, ctr, stats, log, r, now):
+def span_decide_nb(ps, fs, cfg, rp, sp, r):
     """`schedule_nb`'s most common decision, inlined in the loop (a call of `schedule_nb` passes ~300
     words of arguments): replica r's span goes on (`span.span_quick_nb`) and nothing waits, so the
-    batch is the span's members alone, priced from their count and KV as `launch_nb` prices them, the
+    batch is the span's members alone, priced from their count and KV as `price_nb` prices them, the
     terms of the count kept from the pool's earlier steps (`costmodel.iteration.decode_cost_nb`).
-    Returns False, with nothing changed, when that is not the case: `schedule_nb` decides. The caller
-    checks that spans run (fast-forward on, no speculative decoding, not static batching)."""
-    if rp.row.n_waiting[r] > 0:
-        return False
-    kv = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
-    if kv < 0:
-        return False
-    set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
+    Returns `price_nb`'s tuple, or its first member -1, with nothing changed, when that is not the
+    case: `schedule_nb` decides (and only it begins a span, where spans run: fast-forward on, no
+    speculative decoding, not static batching)."""
+    kv = -1
+    if rp.row.n_waiting[r] == 0:
+        kv = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
     n = sp.row.n[r]
     pl = rp.row.pool[r]
-    p = ps[pl]
-    if fs.ep is not None and p[F.attn_dp] > 1.0:     # (DP attention: the busiest rank's share)
-        cost = iteration_components_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, 0.0, 0.0, float(n), 0.0, 0.0, float(n), float(kv))
-    else:
-        cost = decode_cost_nb(p, fs.moe, fs.ep, fs.mla, fs.wo, sp.memo[pl], n, kv)
-    fly_nb(cfg, pools, rp, ctr, stats, log, r, n, 0.0 + float(n), cost, 0.0, 0.0, now)
-    return True
+    if kv < 0:
+        return -1, n, 0.0, IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0
+    set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
+    cost = decode_cost_nb(ps[pl], fs.moe, fs.ep, fs.mla, fs.wo, sp.memo[pl], n, kv)
+    return n, n, 0.0 + float(n), cost, 0.0, 0.0, 0.0, 0.0
 
 
 @njit(inline="always", **HANDLER)
-def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, now, spec, dp, kv_span, n_span, pad):
-    """Price the micro-batch from its aggregates and put it in flight (`fly_nb`). With
+def price_nb(p, fs, cfg, rq, step, r, nb, swap_s, spec, dp, kv_span, n_span, pad):
+    """Price the micro-batch of the step's first ``nb`` members from its aggregates; returns (nb, the
+    first member the slot does not hold yet, its tokens, its cost, ``swap_s``, the drafts' seconds,
+    the sequence-steps that verify drafts and the tokens they yield), for `launch_nb`. With
     speculative decoding a decode is priced as a verification of k + 1 tokens after its cached ones
     (a short prefill, every position sampled) and the step first drafts for those decodes (``dp``).
     ``kv_span`` >= 0: an iteration of a decode span (span.py): its first ``n_span`` members decode, their
     KV sums to it, and they are already in the slot. Static batching pads the batch with its finished
     members (``pad``). ``fs``: the step cost's shape (costmodel/features.py)."""
-    pl = rp.row.pool[r]
     computed, generated, prompt, b_req, b_chunk = rq.computed, rq.generated, rq.prompt, step.req, step.chunk
     tp_tok = 0.0
     n_pf = 0.0
@@ -501,24 +482,15 @@ def launch_nb(p, fs, cfg, pools, rq, rp, step, ctr, stats, log, r, nb, swap_s, n
     draft = 0.0
     if spec is not None and n_spec > 0.0 and spec.draft > 0:
         draft = draft_time_nb(dp, fs.moe, fs.ep, fs.mla, fs.wo, p[F.attn_dp], n_spec, kv_spec, spec.k, spec.proj)
-    k, interval = fly_nb(cfg, pools, rp, ctr, stats, log, r, nb, tp_tok + n_dec, cost, swap_s, draft, now)
-    if spec is not None and n_spec > 0.0:
-        stats[pl, STAT_DRAFT] += draft
-        stats[pl, STAT_VERIFY] += interval - draft
-        stats[pl, STAT_SPEC_STEPS] += n_spec
-        stats[pl, STAT_SPEC_TOKENS] += spec_tok
-    slot_req, slot_chunk, in_flight = rp.slot_req, rp.slot_chunk, rq.in_flight
-    for j in range(lo, nb):
-        slot_req[k, j] = b_req[j]
-        slot_chunk[k, j] = b_chunk[j]
-        in_flight[b_req[j]] = True
+    return nb, lo, tp_tok + n_dec, cost, swap_s, draft, n_spec, spec_tok
 
 
 @njit(inline="always", **HANDLER)
-def fly_nb(cfg, pools, rp, ctr, stats, log, r, nb, tokens, cost, swap_s, draft, now):
-    """The micro-batch of ``nb`` members and ``tokens`` tokens, priced (``cost``, plus ``swap_s`` and the
-    drafts' ``draft`` seconds), goes in flight on replica r: a pipeline slot, its completion and the
-    replica's next decision, the statistics and the log; returns (the slot, the interval)."""
+def launch_nb(cfg, pools, rq, rp, step, ctr, stats, log, r, priced, spec, now):
+    """Put the micro-batch a decision priced (``priced``: `price_nb`'s tuple) in flight on replica r: a
+    pipeline slot, its completion and the replica's next decision, its members in the slot (those
+    after the span's), the statistics and the log."""
+    nb, lo, tokens, cost, swap_s, draft, n_spec, spec_tok = priced
     pl = rp.row.pool[r]
     PP = pools.row.pp[pl]
     latency = cost.latency + swap_s + draft
@@ -572,7 +544,16 @@ def fly_nb(cfg, pools, rp, ctr, stats, log, r, nb, tokens, cost, swap_s, draft, 
     stats[pl, STAT_COMM] += cost.communication
     stats[pl, STAT_OVERHEAD] += cost.overhead
     log_iteration_nb(log, ctr, now, r, nb, int(tokens), kv_in_use, rp.row.n_waiting[r])
-    return k, interval
+    if spec is not None and n_spec > 0.0:
+        stats[pl, STAT_DRAFT] += draft
+        stats[pl, STAT_VERIFY] += interval - draft
+        stats[pl, STAT_SPEC_STEPS] += n_spec
+        stats[pl, STAT_SPEC_TOKENS] += spec_tok
+    slot_req, slot_chunk, in_flight, b_req, b_chunk = rp.slot_req, rp.slot_chunk, rq.in_flight, step.req, step.chunk
+    for j in range(lo, nb):
+        slot_req[k, j] = b_req[j]
+        slot_chunk[k, j] = b_chunk[j]
+        in_flight[b_req[j]] = True
 
 
 @njit(**HANDLER)

@@ -24,7 +24,7 @@ from numba import njit
 from ..costmodel.features import FULL, features
 from ..costmodel.fields import tables
 from . import codes as C
-from .events import arrive_nb, complete_nb, schedule_nb, span_decide_nb, transfer_nb
+from .events import arrive_nb, complete_nb, launch_nb, schedule_nb, span_decide_nb, transfer_nb
 from .flow import heap_pop_nb
 from .jit import HANDLER
 from .nextevent import first_nb
@@ -169,10 +169,15 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
                 ctr[NEXT_ARRIVAL] += 1
                 skip_followups_nb(rq, ctr)
             arrive_nb(cfg, pools, chains, rq, rp, cache, turns, ctr, i, now)
-        elif not (spec is None and cfg.fast_forward and cfg.policy != C.STATIC
-                  and span_decide_nb(ps, fs, cfg, pools, rp, sp, ctr, stats, log, r, now)):
-            schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, log, r, now, spec, dps,
-                        sp, pad)
+        else:
+            # a scheduling decision prices a micro-batch (a decode span's iteration alone in the loop,
+            # else `schedule_nb`), and the loop launches it
+            priced = span_decide_nb(ps, fs, cfg, rp, sp, r)
+            if priced[0] < 0:
+                priced = schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, r, now, spec,
+                                     dps, sp, pad)
+            if priced[0] > 0:
+                launch_nb(cfg, pools, rq, rp, step, ctr, stats, log, r, priced, spec, now)
     return now, RUN_ENDED
 
 

@@ -187,7 +187,7 @@ def span_complete_nb(cfg, sp, gap_hist, r, now):
     sp.row.done[r] += 1
 
 
-@njit(**HANDLER)
+@njit(inline="always", **HANDLER)     # (one caller, `events.span_finish_nb`)
 def leave_nb(cfg, rq, sp, r, i, e):
     """Member i (of epoch e) leaves replica r's span: its share of the aggregates taken out, its record
     brought up to date (`member_end_nb`)."""
