@@ -141,8 +141,8 @@ def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
     span (`span.leave_nb`) and ends as in `complete_nb`, and the running list closes up over it (as
     `drop_running_nb` would), the span's positions with it; the span's next ending completion. The
     members' own ending completions (`sp.fin_at`, by running position, not their records) are read in
-    one pass a member ending, which finds it and the least ending completion of the others (vectorised,
-    as are the shifts that close up the lists after it); the positions before it stay as they are."""
+    one pass per member it ends, which finds the first and the least ending completion of the others
+    (vectorised, as are the shifts that close the lists up after it); positions before it stay as they are."""
     c = sp.row.done[r]
     # replica r's rows, as 1-D views: the loops below index them by position alone (and vectorise)
     run, fin_at, epoch, sreq = rp.running[r], sp.fin_at[r], sp.epoch[r], rp.slot_req[r * cfg.pp]
