@@ -443,7 +443,7 @@ def kv_part_nb(p, mla, c, tp_tok, n_pf, pairs, kv_pf, n_dec, kv_dec):
     return IterationCost(gemm, attn, elem, comm_tp + (p[F.pp] - 1.0) * send, overhead, latency, interval, flops, nbytes)
 
 
-@njit(inline="always", **JIT)     # (one caller: the event loop's span decision)
+@njit(**JIT)     # (called: inlined in the event loop it cost ~1 CPU s more cold compile, README, Speed)
 def decode_cost_nb(p, moe, ep, mla, wo, memo, n, kv):
     """`iteration_components_nb` of a step of ``n`` decodes alone reading ``kv`` KV tokens (a decode
     span's iteration, engine/span.py), its count terms kept in ``memo`` row n (`counts_part_nb`'s
