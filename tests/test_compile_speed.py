@@ -117,7 +117,7 @@ def test_the_kernels_config_record_holds_every_field_exactly():
     rec = config_record(cfg)
     assert rec.dtype == config_dtype and rec.dtype.names == EngineConfig._fields
     for name in EngineConfig._fields:
-        assert rec[name] == getattr(cfg, name), name
+        assert rec[name] == getattr(cfg, name) == getattr(rec, name), name   # (as attributes: the JIT-off run)
         assert rec.dtype[name] == (np.float64 if name in ("max_time", "warmup_time", "kv_bytes_per_token",
                                                           "frontend") else np.int64), name
     with pytest.raises(ValueError, match="max_num_seqs = 2.5"):

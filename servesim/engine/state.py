@@ -63,7 +63,7 @@ def config_record(cfg: EngineConfig):
         v = getattr(cfg, name)
         if t is int and int(v) != v:        # (the record's int64 field would truncate it)
             raise ValueError(f"EngineConfig.{name} = {v!r}: an integer is needed")
-    return np.array([tuple(cfg)], config_dtype)[0]
+    return np.array([tuple(cfg)], config_dtype).view(np.recarray)[0]     # (np.record: fields as attributes with the JIT off too)
 
 class Pools(NamedTuple):
     """One element per pool (POOLS.md); pool k's replicas are first[k] .. first[k] + count[k] - 1."""
