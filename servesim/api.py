@@ -13,6 +13,7 @@ from .engine.budget import check_run_memory
 from .engine.lower import engine_options, lower_deployment, lower_requests, replica_of
 from .engine.run import run
 from .errors import ConfigError
+from .long_runs import LONG_ABOVE
 from .metrics import requests_columns, summarize
 from .options import SimConfig, default_rate, plain
 from .options import options as declared
@@ -496,7 +497,7 @@ WARMUP_RUNS = {name + suffix: opts | shape for name, opts in _ENGINE_FEATURES.it
                for suffix, shape in (("", {}), (", MoE/MLA/EP/int4", {"dtype": "int4"}))}
 
 
-LONG_RUNS = "long runs (over 65,536 requests)"
+LONG_RUNS = f"long runs (over {LONG_ABOVE:,} requests)"
 
 
 def warmup(runs=None, each=None) -> dict:
@@ -517,7 +518,7 @@ def warmup(runs=None, each=None) -> dict:
 
 
 def warm_long_runs() -> None:
-    """Compile the jitted helpers that only runs over 65,536 requests call, on tiny inputs of the same
+    """Compile the jitted helpers that only runs over LONG_ABOVE requests call, on tiny inputs of the same
     types: the batch means of the intervals (`batchmeans`), the gather of the output columns
     (`engine.state.gather_nb`), the order of the completions by finish time (`order`)."""
     from .batchmeans import batch_squares_nb

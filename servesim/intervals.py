@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from .long_runs import LONG_ABOVE
 from .t975 import T975
 
 K_MIN = 3           # fewest batches: with fewer the t critical value explodes (t_1 = 12.7)
@@ -25,7 +26,7 @@ MAX_BATCH_CORR = 0.02  # batch size: adjacent batch means correlated at most thi
                        # (Law & Kelton sec. 9.5.3), so the half-width by ~2%
 MIN_VALUES = 3 * K_MIN  # fewer values: no interval (None)
 GROUP_ABOVE = 1 << 16  # longer series: the batch size is chosen on means of groups of g values (below)
-JIT_ABOVE = 1 << 16    # longer series: the batch means in one jitted pass (`_se_of`)
+JIT_ABOVE = LONG_ABOVE  # longer series: the batch means in one jitted pass (`_se_of`)
 BRACKET_ABOVE = 1 << 16  # longer series: order statistics read from bands bracketed by a sample (`Ranked`)
 SAMPLE = 8192          # ... of about this many values
 

@@ -15,8 +15,9 @@ import numpy as np
 from numba import njit
 
 from .jit import JIT
+from .long_runs import LONG_ABOVE
 
-JIT_ABOVE = 1 << 16     # longer series go through the buckets; shorter ones through np.argsort
+JIT_ABOVE = LONG_ABOVE  # longer series go through the buckets; shorter ones through np.argsort
 PER_BUCKET = 4          # values per bucket on average
 INSERTION_MAX = 64      # a larger bucket (values bunched together) is merge-sorted instead
 

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from ..jit import JIT
+from ..long_runs import LONG_ABOVE
 from . import codes as C
 from ..workload.chains import Chains  # noqa: F401  (a kernel input: built by the workload's chain builder)
 from ..costmodel.iteration import N_COUNT_TERMS
@@ -471,7 +472,7 @@ OUTPUT_FIELDS = ("arrival", "scheduled", "first_token", "finish", "preemptions",
 TRANSFER_FIELDS = ("xfer_start", "xfer_end", "pf_replica")     # only KV transfers (a decode pool) set these
 
 
-GATHER_JIT_ABOVE = 1 << 16     # more requests: the output fields gathered in one jitted pass (`gather_nb`)
+GATHER_JIT_ABOVE = LONG_ABOVE     # more requests: the output fields gathered in one jitted pass (`gather_nb`)
 
 
 def output_columns(rq, names=OUTPUT_FIELDS + TRANSFER_FIELDS) -> dict:
