@@ -158,8 +158,11 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
             return now, RUN_CUT
         now = t
         if t_comp <= t:
-            complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, prefix, gap_hist, k // cfg.pp,
-                        k % cfg.pp, now, spec, sp, pad)
+            kr, ks = k, 0           # slot k's replica and stage (no integer division at PP 1)
+            if cfg.pp > 1:
+                kr, ks = k // cfg.pp, k % cfg.pp
+            complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, prefix, gap_hist, kr, ks, now,
+                        spec, sp, pad)
         elif xfers is not None and t_x <= t:
             transfer_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, x, now)
         elif t_arr <= t:
