@@ -67,7 +67,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, pre
     set_time_nb(rp.slot_end, rp.slot_tree, k, INF)
     rp.row.n_in_flight[r] -= 1
     if rp.row.n_in_flight[r] == 0:
-        stats[pl, STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
+        stats[r, STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
     prefill_pool = pools.row.role[pl] == C.PREFILL
     freed = False
     cached_gap = -1.0
@@ -377,7 +377,7 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
     (None: another policy, and `static_batch_nb` is not compiled)."""
     set_time_nb(rp.wake_at, rp.wake_tree, r, INF)
     pl = rp.row.pool[r]
-    before = stats[pl, STAT_PREEMPTIONS]
+    before = stats[r, STAT_PREEMPTIONS]
     kv_span = -1
     if spec is None and cfg.fast_forward and cfg.policy != C.STATIC:
         kv_span = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
@@ -395,7 +395,7 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
         nb, swap_s = continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
                                          spec)
     if nb == 0:
-        if stats[pl, STAT_PREEMPTIONS] > before:
+        if stats[r, STAT_PREEMPTIONS] > before:
             # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
             wake_nb(pools, rp, r, now)
         return nb, nb, 0.0, IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0
@@ -522,7 +522,7 @@ def launch_nb(cfg, pools, rq, rp, step, ctr, stats, log, r, priced, spec, now):
                 t_out = stage_free[r, st]
             t_out += d
             stage_free[r, st] = t_out
-        stats[pl, STAT_STAGE_BUSY] += d
+        stats[r, STAT_STAGE_BUSY] += d
     set_time_nb(rp.slot_end, rp.slot_tree, k, t_out)
     rp.slot_start[k] = now
     rp.slot_n[k] = nb
@@ -532,28 +532,28 @@ def launch_nb(cfg, pools, rq, rp, step, ctr, stats, log, r, priced, spec, now):
 
     kv_in_use = pools.row.num_blocks[pl] - rp.row.free_blocks[r]
     ctr[ITERATIONS] += 1
-    stats[pl, STAT_ITERATIONS] += 1
-    stats[pl, STAT_BUSY] += interval
-    stats[pl, STAT_SEQS_TIME] += nb * interval
-    stats[pl, STAT_TOKENS_TIME] += tokens * interval
-    stats[pl, STAT_KV_TIME] += kv_in_use * interval
-    if kv_in_use > stats[pl, STAT_KV_MAX]:
-        stats[pl, STAT_KV_MAX] = kv_in_use
-    stats[pl, STAT_FLOPS] += cost.flops
-    stats[pl, STAT_BYTES] += cost.nbytes
-    stats[pl, STAT_SWAP_TIME] += swap_s
-    stats[pl, STAT_GEMM] += cost.gemm
-    stats[pl, STAT_ATTN] += cost.attention
-    stats[pl, STAT_ELEM] += cost.elementwise
-    stats[pl, STAT_COMM] += cost.communication
-    stats[pl, STAT_OVERHEAD] += cost.overhead
+    stats[r, STAT_ITERATIONS] += 1
+    stats[r, STAT_BUSY] += interval
+    stats[r, STAT_SEQS_TIME] += nb * interval
+    stats[r, STAT_TOKENS_TIME] += tokens * interval
+    stats[r, STAT_KV_TIME] += kv_in_use * interval
+    if kv_in_use > stats[r, STAT_KV_MAX]:
+        stats[r, STAT_KV_MAX] = kv_in_use
+    stats[r, STAT_FLOPS] += cost.flops
+    stats[r, STAT_BYTES] += cost.nbytes
+    stats[r, STAT_SWAP_TIME] += swap_s
+    stats[r, STAT_GEMM] += cost.gemm
+    stats[r, STAT_ATTN] += cost.attention
+    stats[r, STAT_ELEM] += cost.elementwise
+    stats[r, STAT_COMM] += cost.communication
+    stats[r, STAT_OVERHEAD] += cost.overhead
     if (ctr[ITERATIONS] - 1) & (ctr[LOG_STRIDE] - 1) == 0:     # (a sample: the call, ~18 ns, only then)
         log_iteration_nb(log, ctr, now, r, nb, int(tokens), kv_in_use, rp.row.n_waiting[r])
     if spec is not None and n_spec > 0.0:
-        stats[pl, STAT_DRAFT] += draft
-        stats[pl, STAT_VERIFY] += interval - draft
-        stats[pl, STAT_SPEC_STEPS] += n_spec
-        stats[pl, STAT_SPEC_TOKENS] += spec_tok
+        stats[r, STAT_DRAFT] += draft
+        stats[r, STAT_VERIFY] += interval - draft
+        stats[r, STAT_SPEC_STEPS] += n_spec
+        stats[r, STAT_SPEC_TOKENS] += spec_tok
     slot_req, slot_chunk, in_flight, b_req, b_chunk = rp.slot_req, rp.slot_chunk, rq.in_flight, step.req, step.chunk
     for j in range(lo, nb):
         slot_req[k, j] = b_req[j]

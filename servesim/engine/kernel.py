@@ -34,7 +34,7 @@ from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are r
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
     STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, config_record, EngineOutput, Pools, engine_output, kernel_pools,
-    new_cache, new_counters, new_log, new_pad, new_replicas, new_requests, new_span, new_step, new_turns, new_xfers,
+    new_cache, new_counters, new_log, new_pad, pool_stats_of, new_replicas, new_requests, new_span, new_step, new_turns, new_xfers,
 )
 from ..jit import JIT
 
@@ -83,7 +83,7 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     turns = new_turns(n) if use_turns else None
     xfers = new_xfers(n if pd else 1) if pd or union else None
     log = new_log(cfg.log_size)
-    pool_stats = np.zeros((pools.role.shape[0], N_STATS))
+    rstats = np.zeros((cfg.replicas, N_STATS))     # per replica (`state.pool_stats_of` folds them into pools)
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
     tabs = cost_inputs(ps, pools)
@@ -97,8 +97,9 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
     cr = config_record(cfg)     # (one record: see state.config_dtype)
     now, _ = run_nb(tabs, fs, cr, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
-                    log, ctr, pool_stats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
-    end_run_nb(cr, rq, rp, sp, pool_stats, now)
+                    log, ctr, rstats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
+    end_run_nb(cr, rq, rp, sp, rstats, now)
+    pool_stats = pool_stats_of(rstats, pools.first, pools.count)
     transfers = bool(np.any(pools.role != C.MIXED))     # (a prefill or decode pool: KV transfers)
     return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats, prefix,
                          transfers)._replace(span_iterations=int(sp.count[0]))
@@ -131,7 +132,8 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
     event's time, RUN_*). It pauses before the first event at or after ``until`` (inf: never), leaving
     the state as it was, so that a later call with the same state continues exactly; `end_run_nb` ends it.
     ``ps``, ``dps``: the pools' cost tables and their drafts' (`cost_inputs`; row k pool k's); ``fs``: the
-    step cost's shape, covering both (`kernel_features`)."""
+    step cost's shape, covering both (`kernel_features`); ``stats``: one row per replica (N_STATS each),
+    each summing its own replica's iterations (`state.pool_stats_of` folds them into the pools')."""
     n = rq.prompt.shape[0]
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
@@ -192,6 +194,6 @@ def end_run_nb(cfg, rq, rp, sp, stats, now):
         if sp.row.active[r]:    # the clock stopped in a decode span: its requests brought up to date
             span_end_nb(cfg, rq, rp, sp, r)
         if rp.row.n_in_flight[r] > 0:
-            stats[rp.row.pool[r], STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
+            stats[r, STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
     for k in range(stats.shape[0]):
         stats[k, STAT_END_TIME] = now

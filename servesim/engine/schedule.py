@@ -84,7 +84,7 @@ def preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
         rq.status[v] = C.WAITING
     rq.blocks[v] = 0
     rq.preemptions[v] += 1
-    stats[rp.row.pool[r], STAT_PREEMPTIONS] += 1
+    stats[r, STAT_PREEMPTIONS] += 1
     drop_running_nb(rp.running, rp.row.n_running, r, v)
     # to the front, but behind transferred requests queued there with their blocks (decode
     # replicas): they need no block, and the victim may need theirs

@@ -172,6 +172,22 @@ STAT_SPEC_STEPS = 20        # ... sequence-steps that verified drafts
 STAT_SPEC_TOKENS = 21       # ... the tokens those steps yielded (accepted drafts + the target's own)
 N_STATS = 22
 
+def pool_stats_of(replica_stats, first, count) -> np.ndarray:
+    """Each pool's share of the statistics (EngineOutput.pool_stats) from the kernel's rows, one per
+    replica (``replica_stats`` (R, N_STATS): each replica sums its own iterations in its own order, so
+    a run split into one sub-run per replica, `split.py`, sums exactly as the whole run does): pool k
+    adds its replicas ``first[k] .. first[k] + count[k] - 1`` one after another, in replica order; its
+    largest KV in use and its end time are their largest."""
+    out = np.zeros((len(first), N_STATS))
+    for k in range(len(first)):
+        rows = replica_stats[int(first[k]):int(first[k]) + int(count[k])]
+        for row in rows:
+            out[k] += row
+        for j in (STAT_KV_MAX, STAT_END_TIME):
+            out[k, j] = rows[:, j].max() if rows.shape[0] else 0.0
+    return out
+
+
 # the run's counters (an int64 array, `new_counters`)
 NEXT_ARRIVAL = 0            # the next request to arrive
 SENT = 1                    # requests whose send time is known (closed loop: one per client at first)

@@ -29,7 +29,7 @@ from .kernel import RUN_CUT, cost_inputs, end_run_nb, kernel_features, run_nb, r
 from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, config_record, kernel_pools,
-    new_counters, new_log, new_pad, new_replicas, new_requests, new_span, new_step, request_dtype,
+    new_counters, new_log, new_pad, pool_stats_of, new_replicas, new_requests, new_span, new_step, request_dtype,
 )
 
 CHUNK = 1 << 18          # requests loaded per chunk (even: see workload/stream.py)
@@ -86,7 +86,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
     sp = new_span(cfg, pools.role.shape[0])      # decode fast-forward: aggregates per replica, no request index to shift
     pad = new_pad(cfg)      # static batching's padding: counts per replica, no request index
     cr = config_record(cfg)     # (as the kernel takes it: state.config_dtype)
-    pool_stats = np.zeros((pools.role.shape[0], N_STATS))
+    rstats = np.zeros((cfg.replicas, N_STATS))     # per replica (`state.pool_stats_of` folds them into pools)
     prefix = np.zeros(C.N_PREFIX)
     gap_hist = np.zeros(C.GAP_BINS, np.int64)
     rq = new_requests(*(np.zeros(0, t) for t in (np.float64, np.int64, np.int64, np.float64, np.float64)),
@@ -110,13 +110,13 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
         now, why = run_nb(tabs, fs, cr, kp, no_chains(rq.shape[0]), rq, rp, None, None, None, step, log, ctr,
-                          pool_stats, prefix, gap_hist, None, None, sp, pad, now, until)
+                          rstats, prefix, gap_hist, None, None, sp, pad, now, until)
         n_chunks += 1
         cut = why == RUN_CUT
         more = pending is not None and not cut
         backlog = more and rq.shape[0] >= max_window
         if not more or backlog:     # the end: decode spans brought up to date before the last records go
-            end_run_nb(cr, rq, rp, sp, pool_stats, now)
+            end_run_nb(cr, rq, rp, sp, rstats, now)
         m = ended_prefix(rq.status) if more and not backlog else rq.shape[0]
         if m:
             sink(rq[:m], base)
@@ -125,6 +125,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             rq = rq[m:].copy().view(np.recarray)
         if not more or backlog:
             break
+    pool_stats = pool_stats_of(rstats, pools.first, pools.count)
     stats = run_totals(pool_stats)
     k = int(ctr[LOG_COUNT])
     samples = tuple(np.ascontiguousarray(log[name][:k]) for name in log.dtype.names)

@@ -101,8 +101,9 @@ pipeline. With PP > 1 stages the pipeline is first in, first out: each later sta
 stage has finished the micro-batch before it, so a light micro-batch never overtakes a heavy one.
 
 Busy time. `busy` sums the first stage's intervals, `stage_busy` what each later stage spends,
-`inflight_time` the time with at least one micro-batch in flight (the engine has work); each pool's
-share is a row of `pool_stats`.
+`inflight_time` the time with at least one micro-batch in flight (the engine has work); each is
+summed per replica, and each pool's share (a row of `pool_stats`) adds its replicas' in replica
+order (`state.pool_stats_of`, as the kernel does).
 """
 from __future__ import annotations
 
@@ -404,13 +405,13 @@ class ReferenceSimulator:
         self.routed_decode = 0
         self.ended = 0
         self.now = 0.0
-        self.pool_stats = np.zeros((P, S.N_STATS))
+        self.replica_stats = np.zeros((len(self.replicas), S.N_STATS))     # (folded into pools at the end)
         self.prefix = np.zeros(C.N_PREFIX)
         self.gap_hist = np.zeros(C.GAP_BINS, np.int64)
 
     # ------------------------------------------------------------------ small helpers
     def add_stat(self, rep: Replica, k: int, x: float):
-        self.pool_stats[rep.pool, k] += x
+        self.replica_stats[rep.index, k] += x
 
     def weight(self, rep: Replica) -> float:
         return self.pools.weight[rep.pool]
@@ -1042,7 +1043,7 @@ class ReferenceSimulator:
         self.add_stat(rep, S.STAT_SEQS_TIME, nb * interval)
         self.add_stat(rep, S.STAT_TOKENS_TIME, (tp_tok + n_dec) * interval)
         self.add_stat(rep, S.STAT_KV_TIME, kv_in_use * interval)
-        self.pool_stats[rep.pool, S.STAT_KV_MAX] = max(self.pool_stats[rep.pool, S.STAT_KV_MAX], kv_in_use)
+        self.replica_stats[rep.index, S.STAT_KV_MAX] = max(self.replica_stats[rep.index, S.STAT_KV_MAX], kv_in_use)
         self.add_stat(rep, S.STAT_FLOPS, cost.flops)
         self.add_stat(rep, S.STAT_BYTES, cost.nbytes)
         self.add_stat(rep, S.STAT_SWAP_TIME, step.swap_s)
@@ -1059,8 +1060,9 @@ class ReferenceSimulator:
         def col(name, dtype):
             return np.array([getattr(q, name) for q in reqs], dtype=dtype)
 
-        pool_stats = self.pool_stats.copy()
-        pool_stats[:, S.STAT_END_TIME] = self.now
+        rows = self.replica_stats.copy()
+        rows[:, S.STAT_END_TIME] = self.now
+        pool_stats = S.pool_stats_of(rows, self.pools.first, self.pools.count)
         stats = np.zeros(S.N_STATS)         # the deployment: the pools' shares summed in pool order
         for row in pool_stats:
             stats += row
