@@ -11,7 +11,7 @@ from .config import load_hardware, load_model
 from .config.engine import load_engine, replica_provenance
 from .engine.budget import check_run_memory
 from .engine.lower import engine_options, lower_deployment, lower_requests, replica_of
-from .engine.run import run
+from .engine.run import run, threads_of
 from .errors import ConfigError
 from .long_runs import LONG_ABOVE
 from .metrics import requests_columns, summarize
@@ -361,7 +361,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         if cfg.trace_mode == "replay":
             rate = trace["mean_rate"]
     _check_capacity(cfg, dep, reqs)
-    out = run(lower_requests(dep, reqs, cfg.seed, cfg.speculative))
+    out = run(lower_requests(dep, reqs, cfg.seed, cfg.speculative), threads_of(cfg.threads, dep.cfg.replicas))
     df = requests_columns(out, reqs.prompt, reqs.output, dep.cfg.frontend)
     if _pool_report(cfg, reqs):
         summary_args, config_extra = _pools_summary(cfg, dep, out, df, reqs)

@@ -224,6 +224,12 @@ class SimConfig:
                              help="Run a replica's decode iterations between batch changes from aggregates "
                                   "(engine/span.py); --no-fast-forward steps request by request, the reference "
                                   "path (identical results, slower).")
+    threads: int | None = opt(None, "int", ge=1, grid=False, echo=False,
+                              help="Threads simulating independent replicas at once (mixed pools, round-robin or "
+                                   "random router, open loop, no prefix cache or sessions; other runs, and runs of "
+                                   "under 2,000 requests, use one); identical results for any N [default: the "
+                                   "usable cores, at most --replicas; in a sweep's or plan's worker processes, "
+                                   "the cores shared among the workers].")
 
 
 def options() -> dict[str, Option]:

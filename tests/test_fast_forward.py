@@ -12,19 +12,14 @@ import numpy as np
 import pytest
 
 import servesim
-import servesim.api as api
 from servesim.engine.run import run
+
+from engineout import assert_same_output, lowered_inputs
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def _inputs(monkeypatch, **kw):
-    """The lowered inputs of ``servesim.simulate(**kw)``."""
-    got = []
-    monkeypatch.setattr(api, "run", lambda inputs: (got.append(inputs), run(inputs))[1])
-    servesim.simulate(**kw)
-    monkeypatch.undo()
-    return got[0]
+_inputs = lowered_inputs
 
 
 def _both(inputs):
@@ -36,15 +31,7 @@ def _both(inputs):
 
 def _assert_identical(ff, step):
     assert step.span_iterations == 0
-    for name in ff._fields:
-        if name == "span_iterations":
-            continue
-        a, b = getattr(ff, name), getattr(step, name)
-        if isinstance(a, np.ndarray):
-            assert a.dtype == b.dtype and a.shape == b.shape, name
-            assert a.tobytes() == b.tobytes(), f"{name} differs at {np.flatnonzero(a != b)[:5]}"
-        else:
-            assert a == b, name
+    assert_same_output(ff, step, skip=("span_iterations",))
 
 
 # each golden scenario (tests/golden: defaults, mixed pools, P/D pools, prefix cache with a CPU tier,

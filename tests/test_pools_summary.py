@@ -94,7 +94,7 @@ def test_a_request_caught_in_transfer_is_counted_unfinished():
 
 
 def _fake_run(seen):
-    def run(inputs):
+    def run(inputs, threads=1):
         cfg, pools = inputs.cfg, inputs.pools
         seen.update(costs=inputs.ps, cfg=cfg, pools=pools, chains=inputs.chains)
         n = len(inputs.arrival)

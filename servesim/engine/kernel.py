@@ -17,6 +17,7 @@ borrow the arrays (`jit.HANDLER`). Its inputs come from one lowering (`lower.py`
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -30,7 +31,7 @@ from .jit import HANDLER
 from .nextevent import first_nb
 from .span import span_end_nb
 from .state import (  # noqa: F401  (EngineConfig, EngineOutput and STAT_* are read from here)
-    ENDED, HEAP_N, INF, ITERATIONS, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
+    ENDED, HEAP_N, INF, ITERATIONS, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, STAT_ATTN, STAT_BUSY, STAT_BYTES, STAT_COMM,
     STAT_ELEM, STAT_END_TIME, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_ITERATIONS, STAT_KV_MAX,
     STAT_KV_TIME, STAT_OVERHEAD, STAT_PREEMPTIONS, STAT_SEQS_TIME, STAT_STAGE_BUSY, STAT_SWAP_TIME,
     STAT_TOKENS_TIME, XFER_NEXT, Chains, EngineConfig, config_record, EngineOutput, Pools, engine_output, kernel_pools,
@@ -56,9 +57,34 @@ def kernel_features(*tabs):
     return FULL if os.environ.get("SERVESIM_KERNEL_UNION") == "1" else features(*tabs)
 
 
-def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None):
-    """Run the kernel: ``ps`` one CostParams per pool; ``pools``, ``chains``: see engine/POOLS.md.
-    The state is allocated here, in NumPy, and `run_nb` runs the loop over it."""
+class Run(NamedTuple):
+    """A run's state and inputs, in `run_nb`'s order (``run_nb(*run, now, until)``): allocated by
+    `new_run`, owned by the caller."""
+    ps: np.ndarray
+    fs: object
+    cfg: np.record
+    pools: object
+    chains: Chains
+    rq: np.ndarray
+    rp: object
+    cache: object
+    turns: object
+    xfers: object
+    step: np.ndarray
+    log: np.ndarray
+    ctr: np.ndarray
+    stats: np.ndarray
+    prefix: np.ndarray
+    gap_hist: np.ndarray
+    spec: object
+    dps: object
+    sp: object
+    pad: object
+
+
+def new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None, fs=None) -> Run:
+    """The state of a run, allocated in NumPy: ``ps`` one CostParams per pool; ``pools``, ``chains``: see
+    engine/POOLS.md; ``fs``: the step cost's shape (None: `kernel_features` of the tables)."""
     n = prompt.shape[0]
     rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
     ctr = new_counters(cfg, n)
@@ -82,10 +108,6 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     cache = new_cache(cfg, pools, ctr, room=union) if use_cache else None
     turns = new_turns(n) if use_turns else None
     xfers = new_xfers(n if pd else 1) if pd or union else None
-    log = new_log(cfg.log_size)
-    rstats = np.zeros((cfg.replicas, N_STATS))     # per replica (`state.pool_stats_of` folds them into pools)
-    prefix = np.zeros(C.N_PREFIX)
-    gap_hist = np.zeros(C.GAP_BINS, np.int64)
     tabs = cost_inputs(ps, pools)
     # speculative decoding (``spec``, a state.Spec; ``dps`` the pools' draft CostParams, or the pools' own
     # where nothing drafts on the GPU): None otherwise, and pruned
@@ -93,16 +115,25 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     if spec is not None:
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dtabs = cost_inputs(dps, pools) if dps is not None else tabs
-    sp = new_span(cfg, pools.role.shape[0])      # decode fast-forward (span.py; cfg.fast_forward 0: never used)
-    fs = kernel_features(tabs, dtabs)   # the step cost's shape (costmodel/features.py)
-    cr = config_record(cfg)     # (one record: see state.config_dtype)
-    now, _ = run_nb(tabs, fs, cr, kernel_pools(pools), chains, rq, rp, cache, turns, xfers, new_step(cfg.max_num_seqs),
-                    log, ctr, rstats, prefix, gap_hist, spec, dtabs, sp, new_pad(cfg, union), 0.0, INF)
-    end_run_nb(cr, rq, rp, sp, rstats, now)
-    pool_stats = pool_stats_of(rstats, pools.first, pools.count)
+    return Run(tabs, kernel_features(tabs, dtabs) if fs is None else fs,   # the step cost's shape (costmodel/features.py)
+               config_record(cfg), kernel_pools(pools), chains, rq, rp, cache, turns, xfers,
+               new_step(cfg.max_num_seqs), new_log(cfg.log_size), ctr,
+               np.zeros((cfg.replicas, N_STATS)),    # per replica (`state.pool_stats_of` folds them into pools)
+               np.zeros(C.N_PREFIX), np.zeros(C.GAP_BINS, np.int64), spec, dtabs,
+               new_span(cfg, pools.role.shape[0]),  # decode fast-forward (span.py; cfg.fast_forward 0: never used)
+               new_pad(cfg, union))
+
+
+def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None):
+    """Run the kernel: ``ps`` one CostParams per pool; ``pools``, ``chains``: see engine/POOLS.md.
+    The state is allocated here, in NumPy (`new_run`), and `run_nb` runs the loop over it."""
+    run = new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec, dps)
+    now, _ = run_nb(*run, 0.0, INF)
+    end_run_nb(run.cfg, run.rq, run.rp, run.sp, run.stats, now)
+    pool_stats = pool_stats_of(run.stats, pools.first, pools.count)
     transfers = bool(np.any(pools.role != C.MIXED))     # (a prefill or decode pool: KV transfers)
-    return engine_output(rq, log, ctr, gap_hist, run_totals(pool_stats), pool_stats, prefix,
-                         transfers)._replace(span_iterations=int(sp.count[0]))
+    return engine_output(run.rq, run.log, run.ctr, run.gap_hist, run_totals(pool_stats), pool_stats, run.prefix,
+                         transfers)._replace(span_iterations=int(run.sp.count[0]))
 
 
 def run_totals(pool_stats: np.ndarray) -> np.ndarray:
@@ -120,11 +151,12 @@ def skip_followups_nb(rq, ctr):
 
 
 # why `run_nb` returned: every request ended or no event is left; the clock passed cfg.max_time; paused
-# at ``until`` (a chunked run, engine/stream.py: the next requests are loaded, then it resumes)
+# at ``until`` (a chunked run, engine/stream.py: the next requests are loaded, then it resumes; a split
+# run's window, split.py) or, with cfg.trace, with its log full (split.py drains it, then it resumes)
 RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 
 
-@njit(_nrt=False, **JIT)
+@njit(_nrt=False, nogil=True, **JIT)    # (nogil: split runs run sub-runs on threads, split.py)
 def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, ctr, stats, prefix, gap_hist, spec, dps, sp,
            pad, now, until):
     """The event loop over state the caller owns (borrowed: see `jit.py`), from ``now``; ``cfg``: the
@@ -137,6 +169,8 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
     n = rq.prompt.shape[0]
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
+        if cfg.trace and ctr[LOG_COUNT] == log.shape[0]:
+            return now, RUN_PAUSED      # a split run's sub-run logs every iteration: its full log is drained
         t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
         x = ctr[XFER_NEXT]
         t_x = rq.xfer_ev[x] if x >= 0 else INF

@@ -61,7 +61,7 @@ class LocalBackend(Backend):
         if self._pool is None:
             self._sims = multiprocessing.Value("q", 0)      # simulations the workers finished (servesim.progress)
             self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_worker_init,
-                                             initargs=(os.getpid(), self._sims))
+                                             initargs=(os.getpid(), self._sims, self.workers))
         futures = {self._pool.submit(fn, x): i for i, x in enumerate(items)}
         out = [None] * len(items)
         pending = set(futures)
@@ -238,16 +238,19 @@ class DaskBackend(Backend):
                 self._quiet(False)
 
 
-def _worker_init(parent: int, sims=None) -> None:
+def _worker_init(parent: int, sims=None, workers: int = 1) -> None:
     """In each pool worker: die with the parent (Linux: PR_SET_PDEATHSIG), leave SIGINT to the parent
     (a Ctrl-C reaches the whole process group; the parent stops the workers), default SIGTERM, no
-    repeated one-line warnings (the parent checked the points), and count finished simulations in
-    ``sims``, which the parent reads for its progress bar."""
+    repeated one-line warnings (the parent checked the points), count finished simulations in
+    ``sims``, which the parent reads for its progress bar, and take a 1 / ``workers`` share of the cores
+    for a simulation's default ``--threads`` (engine/split.py)."""
     import signal
     import warnings
     from .. import progress as P
+    from ..engine import split
     from ..errors import ServesimWarning
     P.share(sims)
+    split.share_cores(workers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     warnings.simplefilter("ignore", ServesimWarning)

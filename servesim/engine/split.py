@@ -1,0 +1,232 @@
+"""Independent replicas simulated at once: a run split into one sub-run per replica, on threads.
+
+A run splits (`whole_reason` says when it may not) when each replica's requests evolve without
+the others': the router picks a replica from the request alone (round-robin: request i goes to
+entry replica i mod R, as every arrival is routed in index order; random: from its own draw ``u1``),
+and nothing else passes between replicas. Request by request the records are then those of the
+whole run: a replica's events are ordered among themselves as the whole run orders them, and no
+event of another replica changes its state.
+
+What the whole run shares is rebuilt exactly:
+
+* the statistics: the kernel sums them per replica (`state.pool_stats_of` folds them into pools,
+  for a whole run too), so each sub-run's row is the whole run's row of that replica;
+* the clock at the end: the last event's time is the latest of the sub-runs' (each stops before its
+  first event past ``max_time`` as the whole run does), and every sub-run is ended at it
+  (`kernel.end_run_nb`: spans closed, the time with work in flight counted up to it);
+* the decimated iteration log: a sub-run logs every iteration (``cfg.trace``), pausing when its log is
+  full to have it drained; the sub-runs advance together window by window of simulated time, and a
+  window's iterations, merged in the whole run's order (time, then replica: at equal times the loop
+  takes the lowest replica's decision first, and a replica's own in order), are decimated as
+  `events.log_iteration_nb` decimates them (`IterationLog`);
+* the gap histogram, prefix counters and span count are integers (counts), summed.
+
+The split takes the lowered inputs (`lower.KernelInputs`) and gives the whole run's `EngineOutput`;
+tests/test_split.py checks the two field for field.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import codes as C
+from .kernel import RUN_PAUSED, end_run_nb, kernel_features, cost_inputs, new_run, run_nb, run_totals
+from .lower import KernelInputs, no_chains
+from .state import (
+    INF, LOG_COUNT, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, new_log, output_columns, pool_stats_of,
+    request_dtype, request_template,
+)
+
+TRACE_LOG = 1 << 14         # a sub-run's log (iterations between drains; 48 B each)
+WINDOW = 1 << 16            # requests arriving per window of the lock-step advance
+SPLIT_MIN = 2000            # fewer requests run whole: the split's fixed costs would not pay off
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):      # (not on Linux)
+        return os.cpu_count() or 1
+
+
+SHARING = 1                 # processes of this machine sharing its cores (a sweep's worker pool: `share_cores`)
+
+
+def share_cores(processes: int) -> None:
+    """This process is one of ``processes`` running at once (a sweep's or plan's workers): its default
+    threads are its share of the cores, so the workers do not oversubscribe them."""
+    global SHARING
+    SHARING = max(1, int(processes))
+
+
+def default_threads(replicas: int) -> int:
+    """``--threads`` when not given: this process's share of the usable cores, at most one per replica."""
+    return max(1, min(usable_cores() // SHARING, replicas))
+
+
+def whole_reason(inputs: KernelInputs) -> str:
+    """Why the run must be simulated whole ("": it splits into one independent sub-run per replica).
+    Each condition below couples replicas or makes a request's replica depend on other replicas."""
+    cfg, pools, chains = inputs.cfg, inputs.pools, inputs.chains
+    if cfg.replicas < 2:
+        return "one replica"
+    if np.any(pools.role != C.MIXED):
+        return "prefill and decode pools: a request moves between replicas (KV transfers, the held FIFO)"
+    if cfg.router not in (C.ROUND_ROBIN, C.RANDOM):
+        return "the router reads the replicas' load or cache"
+    if cfg.concurrency > 0:
+        return "a closed loop: a client sends its next request when its last one ends, on any replica"
+    if np.any(chains.next_turn >= 0):
+        return "sessions: a turn is sent when the turn before ends, and routed in the order turns arrive"
+    if cfg.prefix_caching and chains.ids.shape[0] > 0:
+        return "the prefix cache's entries and table are shared by the replicas"
+    if inputs.arrival.shape[0] > 1 and np.any(inputs.arrival[1:] < inputs.arrival[:-1]):
+        return "arrivals out of time order"
+    return ""
+
+
+def replica_of(inputs: KernelInputs) -> np.ndarray:
+    """The replica each request goes to, as `events.pick_nb` picks it for a separable run: round-robin
+    i mod R (the i-th arrival; every arrival is routed, rejected or not), random its draw's."""
+    cfg, n = inputs.cfg, inputs.prompt.shape[0]
+    m = cfg.replicas        # (every replica is an entry replica: mixed pools)
+    if cfg.router == C.ROUND_ROBIN:
+        return np.arange(n, dtype=np.int64) % m
+    return np.minimum((inputs.u1 * m).astype(np.int64), m - 1)
+
+
+def sub_inputs(inputs: KernelInputs, r: int, idx: np.ndarray) -> KernelInputs:
+    """Replica r alone with its requests ``idx``: its pool as the only one, one replica, every
+    iteration logged (``cfg.trace``)."""
+    pools = inputs.pools
+    k = int(np.searchsorted(pools.first, r, side="right") - 1)
+    one = Pools(*(np.ascontiguousarray(getattr(pools, f)[k:k + 1]) for f in Pools._fields[:-2]),
+                link_bw=pools.link_bw[k:k + 1, k:k + 1].copy(), link_alpha=pools.link_alpha[k:k + 1, k:k + 1].copy())
+    one = one._replace(first=np.zeros(1, np.int64), count=np.ones(1, np.int64))
+    cfg = inputs.cfg._replace(replicas=1, trace=1, log_size=TRACE_LOG)
+    spec = inputs.spec
+    if spec is not None:
+        spec = spec._replace(start=spec.start[idx])
+    chains = no_chains(idx.shape[0], think=inputs.chains.think[idx])
+    return KernelInputs((inputs.ps[k],), cfg, one, inputs.arrival[idx], inputs.prompt[idx], inputs.output[idx],
+                        inputs.u1[idx], inputs.u2[idx], chains, spec,
+                        None if inputs.dps is None else (inputs.dps[k],))
+
+
+class IterationLog:
+    """The whole run's decimated iteration log, fed its iterations in order: the sample rule of
+    `events.log_iteration_nb` (iteration g kept while g is a multiple of the stride; when a kept one
+    finds the log full, every other sample goes and the stride doubles)."""
+
+    def __init__(self, size: int):
+        self.log = new_log(size)
+        self.count = 0
+        self.stride = 1
+        self.seen = 0           # iterations fed so far
+
+    def add(self, recs: np.ndarray) -> None:
+        L, n, g0 = self.log.shape[0], recs.shape[0], self.seen
+        pos = 0
+        while True:
+            first = pos + (-(g0 + pos)) % self.stride        # the next kept iteration at or after pos
+            if first >= n:
+                break
+            keep = np.arange(first, n, self.stride)
+            room = L - self.count
+            if keep.shape[0] <= room:
+                self.log[self.count:self.count + keep.shape[0]] = recs[keep]
+                self.count += keep.shape[0]
+                break
+            self.log[self.count:L] = recs[keep[:room]]
+            pos = int(keep[room])           # finds the log full: halve it, then check pos again
+            self.log[:L // 2] = self.log[0:2 * (L // 2):2].copy()
+            self.count = L // 2
+            self.stride *= 2
+        self.seen += n
+
+
+class SubRun:
+    """One replica's sub-run: its requests (``idx``), its state, its clock."""
+
+    def __init__(self, inputs: KernelInputs, r: int, idx: np.ndarray, fs):
+        self.r = r
+        self.idx = idx
+        self.state = new_run(*sub_inputs(inputs, r, idx), fs=fs)
+        self.now = 0.0
+        self.done = False
+
+    def advance(self, until: float) -> list:
+        """Run to the first event at or after ``until``; the iterations logged, drained (their
+        replica set to r)."""
+        st, out = self.state, []
+        while not self.done:
+            self.now, why = run_nb(*st, self.now, until)
+            k = int(st.ctr[LOG_COUNT])
+            if k:
+                recs = st.log[:k].copy()
+                recs["replica"] = self.r
+                out.append(recs)
+                st.ctr[LOG_COUNT] = 0
+            if why != RUN_PAUSED:
+                self.done = True
+            elif k < st.log.shape[0]:
+                break               # paused at `until`, not because its log was full
+        return out
+
+
+def windows(arrival: np.ndarray):
+    """The ends of the lock-step windows: the arrival of every WINDOW-th request, then inf."""
+    ends = np.unique(arrival[WINDOW::WINDOW])
+    return [float(t) for t in ends if t > 0] + [INF]
+
+
+def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
+    """The whole run's `EngineOutput` from one sub-run per replica on ``threads`` threads (``inputs``
+    must split: `whole_reason`)."""
+    cfg = inputs.cfg
+    tabs = cost_inputs(inputs.ps, inputs.pools)
+    dtabs = None if inputs.spec is None else (cost_inputs(inputs.dps, inputs.pools) if inputs.dps is not None else tabs)
+    fs = kernel_features(tabs, dtabs)     # the whole run's step-cost shape for every sub-run
+    rep = replica_of(inputs)
+    order = np.argsort(rep, kind="stable")
+    cuts = np.searchsorted(rep[order], np.arange(cfg.replicas + 1))
+    log = IterationLog(max(cfg.log_size, 2))
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="servesim-split") as ex:
+        subs = list(ex.map(lambda r: SubRun(inputs, r, order[cuts[r]:cuts[r + 1]], fs), range(cfg.replicas)))
+        for until in windows(inputs.arrival):
+            drained = list(ex.map(lambda s: s.advance(until), subs))
+            chunks = [c for cs in drained for c in cs]
+            if chunks:
+                recs = np.concatenate(chunks)
+                log.add(recs[np.argsort(recs["time"], kind="stable")])     # (time, replica, own order)
+            if all(s.done for s in subs):
+                break
+        now = max(s.now for s in subs)
+        cols = {name: np.empty(inputs.prompt.shape[0], request_dtype[name]) for name in OUTPUT_FIELDS}
+
+        def finish(s: SubRun):
+            st = s.state
+            end_run_nb(st.cfg, st.rq, st.rp, st.sp, st.stats, now)
+            sub = output_columns(st.rq, OUTPUT_FIELDS)
+            sub["replica"][sub["replica"] >= 0] = s.r
+            for name in OUTPUT_FIELDS:
+                cols[name][s.idx] = sub[name]
+
+        list(ex.map(finish, subs))
+    stats = np.concatenate([s.state.stats for s in subs])
+    pool_stats = pool_stats_of(stats, inputs.pools.first, inputs.pools.count)
+    gap_hist = np.sum([s.state.gap_hist for s in subs], axis=0)
+    prefix = np.zeros(C.N_PREFIX)
+    for s in subs:          # (counts: integers, exact in any order)
+        prefix += s.state.prefix
+    start = request_template()[0]
+    xfer = {name: np.broadcast_to(start[name], inputs.prompt.shape) for name in TRANSFER_FIELDS}
+    k, lg = log.count, log.log
+    return EngineOutput(cols["arrival"], cols["scheduled"], cols["first_token"], cols["finish"], cols["preemptions"],
+                        cols["replica"], cols["status"], cols["max_gap"], gap_hist, lg.time[:k].copy(),
+                        lg.replica[:k].copy(), lg.seqs[:k].copy(), lg.tokens[:k].copy(), lg.kv_blocks[:k].copy(),
+                        lg.waiting[:k].copy(), k, run_totals(pool_stats), pool_stats, prefix, xfer["xfer_start"],
+                        xfer["xfer_end"], xfer["pf_replica"], int(sum(int(s.state.sp.count[0]) for s in subs)))
