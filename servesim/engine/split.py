@@ -17,8 +17,8 @@ What the whole run shares is rebuilt exactly:
 * the decimated iteration log: a sub-run logs every iteration (``cfg.trace``), pausing when its log is
   full to have it drained; the sub-runs advance together window by window of simulated time, and a
   window's iterations, merged in the whole run's order (time, then replica: at equal times the loop
-  takes the lowest replica's decision first, and a replica's own in order), are decimated as
-  `events.log_iteration_nb` decimates them (`IterationLog`);
+  takes the lowest replica's decision first, and a replica's own in order), are decimated by the
+  loop's own `events.log_iteration_nb` (`merge_log_nb`);
 * the gap histogram, prefix counters and span count are integers (counts), summed.
 
 The split takes the lowered inputs (`lower.KernelInputs`) and gives the whole run's `EngineOutput`;
@@ -30,12 +30,16 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from numba import njit
 
 from . import codes as C
+from ..jit import JIT
+from .events import log_iteration_nb
 from .kernel import RUN_PAUSED, end_run_nb, kernel_features, cost_inputs, new_run, run_nb, run_totals
 from .lower import KernelInputs, no_chains
+from .nextevent import first_nb, new_tree, set_time_nb
 from .state import (
-    INF, LOG_COUNT, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, new_log, output_columns, pool_stats_of,
+    INF, ITERATIONS, LOG_COUNT, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, new_counters, new_log, output_columns, pool_stats_of,
     request_dtype, request_template,
 )
 
@@ -116,36 +120,27 @@ def sub_inputs(inputs: KernelInputs, r: int, idx: np.ndarray) -> KernelInputs:
                         None if inputs.dps is None else (inputs.dps[k],))
 
 
-class IterationLog:
-    """The whole run's decimated iteration log, fed its iterations in order: the sample rule of
-    `events.log_iteration_nb` (iteration g kept while g is a multiple of the stride; when a kept one
-    finds the log full, every other sample goes and the stride doubles)."""
-
-    def __init__(self, size: int):
-        self.log = new_log(size)
-        self.count = 0
-        self.stride = 1
-        self.seen = 0           # iterations fed so far
-
-    def add(self, recs: np.ndarray) -> None:
-        L, n, g0 = self.log.shape[0], recs.shape[0], self.seen
-        pos = 0
-        while True:
-            first = pos + (-(g0 + pos)) % self.stride        # the next kept iteration at or after pos
-            if first >= n:
-                break
-            keep = np.arange(first, n, self.stride)
-            room = L - self.count
-            if keep.shape[0] <= room:
-                self.log[self.count:self.count + keep.shape[0]] = recs[keep]
-                self.count += keep.shape[0]
-                break
-            self.log[self.count:L] = recs[keep[:room]]
-            pos = int(keep[room])           # finds the log full: halve it, then check pos again
-            self.log[:L // 2] = self.log[0:2 * (L // 2):2].copy()
-            self.count = L // 2
-            self.stride *= 2
-        self.seen += n
+@njit(**JIT)
+def merge_log_nb(recs, starts, keys, tree, log, ctr):
+    """Feed the whole run's log (``log``, its counters ``ctr``) the iterations of one window, in the
+    whole run's order: sub-run r's are ``recs[starts[r]:starts[r + 1]]``, in its order; the earliest
+    head goes first, ties to the lowest replica (the tournament tree of nextevent.py, the order the
+    loop takes replicas' decisions in), each logged as the loop logs it (`events.log_iteration_nb`).
+    ``keys``, ``tree``: a tree of one leaf per sub-run, every time inf (as it is left)."""
+    n_sub = starts.shape[0] - 1
+    heads = starts[:n_sub].copy()
+    for r in range(n_sub):
+        if heads[r] < starts[r + 1]:
+            set_time_nb(keys, tree, r, recs[heads[r]].time)
+    while True:
+        t, r = first_nb(keys, tree)
+        if t == INF:
+            break
+        e = recs[heads[r]]
+        ctr[ITERATIONS] += 1
+        log_iteration_nb(log, ctr, t, e.replica, e.seqs, e.tokens, e.kv_blocks, e.waiting)
+        heads[r] += 1
+        set_time_nb(keys, tree, r, recs[heads[r]].time if heads[r] < starts[r + 1] else INF)
 
 
 class SubRun:
@@ -193,15 +188,16 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
     rep = replica_of(inputs)
     order = np.argsort(rep, kind="stable")
     cuts = np.searchsorted(rep[order], np.arange(cfg.replicas + 1))
-    log = IterationLog(max(cfg.log_size, 2))
+    log, ctr = new_log(cfg.log_size), new_counters(cfg, 0)     # the whole run's log and its counters
+    keys, tree = new_tree(cfg.replicas)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="servesim-split") as ex:
         subs = list(ex.map(lambda r: SubRun(inputs, r, order[cuts[r]:cuts[r + 1]], fs), range(cfg.replicas)))
         for until in windows(inputs.arrival):
             drained = list(ex.map(lambda s: s.advance(until), subs))
-            chunks = [c for cs in drained for c in cs]
-            if chunks:
-                recs = np.concatenate(chunks)
-                log.add(recs[np.argsort(recs["time"], kind="stable")])     # (time, replica, own order)
+            counts = [sum(c.shape[0] for c in cs) for cs in drained]
+            if sum(counts):
+                merge_log_nb(np.concatenate([c for cs in drained for c in cs]),
+                             np.concatenate(([0], np.cumsum(counts))).astype(np.int64), keys, tree, log, ctr)
             if all(s.done for s in subs):
                 break
         now = max(s.now for s in subs)
@@ -224,7 +220,7 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
         prefix += s.state.prefix
     start = request_template()[0]
     xfer = {name: np.broadcast_to(start[name], inputs.prompt.shape) for name in TRANSFER_FIELDS}
-    k, lg = log.count, log.log
+    k, lg = int(ctr[LOG_COUNT]), log
     return EngineOutput(cols["arrival"], cols["scheduled"], cols["first_token"], cols["finish"], cols["preemptions"],
                         cols["replica"], cols["status"], cols["max_gap"], gap_hist, lg.time[:k].copy(),
                         lg.replica[:k].copy(), lg.seqs[:k].copy(), lg.tokens[:k].copy(), lg.kv_blocks[:k].copy(),
