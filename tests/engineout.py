@@ -10,7 +10,8 @@ from servesim.engine.run import run
 
 
 def lowered_inputs(monkeypatch, **kw):
-    """The lowered inputs (`lower.KernelInputs`) of ``servesim.simulate(**kw)``, run on one thread."""
+    """The lowered inputs (`lower.KernelInputs`) of ``servesim.simulate(**kw)``, run on one thread (this
+    undoes ``monkeypatch``'s earlier changes: patch after it)."""
     got = []
     monkeypatch.setattr(api, "run", lambda inputs, threads=1: (got.append(inputs), run(inputs))[1])
     servesim.simulate(**kw)

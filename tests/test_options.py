@@ -71,7 +71,7 @@ def test_every_declaration_is_consistent():
             from servesim.config.engine import load_engine
             assert hasattr(load_engine("vllm").scheduler, o.preset), f.name
     assert set(O.grid_keys()) == {f.name for f in fields(O.SimConfig)} - {"rate", "stages", "offline", "slo",
-                                                                              "speculative", "fast_forward", "stream"}
+                                                                              "speculative", "fast_forward", "stream", "threads"}
 
 
 # ------------------------------------------------------------------------------------------------

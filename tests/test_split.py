@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import servesim
+from servesim.engine import codes as C
 from servesim.engine import split
+from servesim.engine import state as K
 from servesim.engine.kernel import simulate_pools
 from servesim.engine.run import run
 from servesim.errors import ConfigError
@@ -56,10 +59,27 @@ def test_the_decimated_log_over_many_windows_and_drains(monkeypatch, log_size):
     inputs = _inputs(monkeypatch, replicas=4, router="random", rate=60, num_requests=3000, seed=12)
     inputs = inputs._replace(cfg=inputs.cfg._replace(log_size=log_size))
     monkeypatch.setattr(split, "WINDOW", 97)
-    monkeypatch.setattr(split, "TRACE_LOG", 61)
+    monkeypatch.setattr(split, "SUB_LOG", 61)
     whole = simulate_pools(*inputs)
     assert whole.log_count <= max(log_size, 2)
     assert_same_output(whole, split.simulate_split(inputs, 2))
+
+
+def test_a_short_split_run(monkeypatch):
+    """A short run through every part of the split (windows, drains, a halving log, the API's --threads),
+    quick enough for the CI's run with the JIT off (.ci/run: the kernel's Python under coverage)."""
+    inputs = _inputs(monkeypatch, replicas=3, router="random", rate=30, num_requests=150, osl=20, seed=17)
+    monkeypatch.setattr(split, "SPLIT_MIN", 100)
+    monkeypatch.setattr(split, "WINDOW", 40)
+    monkeypatch.setattr(split, "SUB_LOG", 16)
+    inputs = inputs._replace(cfg=inputs.cfg._replace(log_size=50))
+    calls = []
+    real = split.simulate_split
+    monkeypatch.setattr(split, "simulate_split", lambda *a: (calls.append(1), real(*a))[1])
+    whole = run(inputs, threads=1)
+    assert whole.log_count < whole.stats[K.STAT_ITERATIONS]     # (the log halved)
+    assert_same_output(whole, run(inputs, threads=2))
+    assert calls == [1]
 
 
 def test_any_threads_give_the_same_summary_through_the_api():
@@ -92,6 +112,31 @@ def test_a_coupled_run_is_never_split(monkeypatch, name):
     assert split.whole_reason(inputs) != ""
     monkeypatch.setattr(split, "simulate_split", lambda *a: pytest.fail("a coupled run was split"))
     run(inputs, threads=4)
+
+
+def test_whole_reason_names_each_coupling(monkeypatch):
+    """Each condition of the rule, one at a time, on the inputs of a separable run (quick: also run by
+    the CI with the JIT off)."""
+    inputs = _inputs(monkeypatch, replicas=2, num_requests=20, rate=20, seed=18)
+    cfg, pools, chains = inputs.cfg, inputs.pools, inputs.chains
+    assert split.whole_reason(inputs) == ""
+    later = chains.next_turn.copy()
+    later[0] = 1
+    backwards = inputs.arrival.copy()
+    backwards[[3, 4]] = backwards[[4, 3]] + [1.0, 0.0]
+    coupled = {
+        "one replica": inputs._replace(cfg=cfg._replace(replicas=1)),
+        "decode pools": inputs._replace(pools=pools._replace(role=np.array([C.DECODE]))),
+        "the router": inputs._replace(cfg=cfg._replace(router=C.LEAST_REQUESTS)),
+        "closed loop": inputs._replace(cfg=cfg._replace(concurrency=4)),
+        "sessions": inputs._replace(chains=chains._replace(next_turn=later)),
+        "prefix cache": inputs._replace(cfg=cfg._replace(prefix_caching=1), chains=chains._replace(ids=np.arange(3))),
+        "out of time order": inputs._replace(arrival=backwards),
+    }
+    for what, bad in coupled.items():
+        assert split.whole_reason(bad) != "", what
+    assert split.whole_reason(inputs._replace(cfg=cfg._replace(router=C.RANDOM))) == ""
+    assert split.whole_reason(inputs._replace(cfg=cfg._replace(prefix_caching=1))) == ""    # (no chain to share)
 
 
 def test_a_separable_run_is_split(monkeypatch):

@@ -152,7 +152,7 @@ def skip_followups_nb(rq, ctr):
 
 # why `run_nb` returned: every request ended or no event is left; the clock passed cfg.max_time; paused
 # at ``until`` (a chunked run, engine/stream.py: the next requests are loaded, then it resumes; a split
-# run's window, split.py) or, with cfg.trace, with its log full (split.py drains it, then it resumes)
+# run's window, split.py) or, with cfg.log_all, with its log full (split.py drains it, then it resumes)
 RUN_ENDED, RUN_CUT, RUN_PAUSED = 0, 1, 2
 
 
@@ -169,7 +169,7 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
     n = rq.prompt.shape[0]
     skip_followups_nb(rq, ctr)
     while ctr[ENDED] < n:
-        if cfg.trace and ctr[LOG_COUNT] == log.shape[0]:
+        if cfg.log_all and ctr[LOG_COUNT] == log.shape[0]:
             return now, RUN_PAUSED      # a split run's sub-run logs every iteration: its full log is drained
         t_comp, k = first_nb(rp.slot_end, rp.slot_tree)
         x = ctr[XFER_NEXT]

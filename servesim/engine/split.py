@@ -14,7 +14,7 @@ What the whole run shares is rebuilt exactly:
 * the clock at the end: the last event's time is the latest of the sub-runs' (each stops before its
   first event past ``max_time`` as the whole run does), and every sub-run is ended at it
   (`kernel.end_run_nb`: spans closed, the time with work in flight counted up to it);
-* the decimated iteration log: a sub-run logs every iteration (``cfg.trace``), pausing when its log is
+* the decimated iteration log: a sub-run logs every iteration (``cfg.log_all``), pausing when its log is
   full to have it drained; the sub-runs advance together window by window of simulated time, and a
   window's iterations, merged in the whole run's order (time, then replica: at equal times the loop
   takes the lowest replica's decision first, and a replica's own in order), are decimated by the
@@ -43,7 +43,7 @@ from .state import (
     request_dtype, request_template,
 )
 
-TRACE_LOG = 1 << 14         # a sub-run's log (iterations between drains; 48 B each)
+SUB_LOG = 1 << 14         # a sub-run's log (iterations between drains; 48 B each)
 WINDOW = 1 << 16            # requests arriving per window of the lock-step advance
 SPLIT_MIN = 2000            # fewer requests run whole: the split's fixed costs would not pay off
 
@@ -104,13 +104,13 @@ def replica_of(inputs: KernelInputs) -> np.ndarray:
 
 def sub_inputs(inputs: KernelInputs, r: int, idx: np.ndarray) -> KernelInputs:
     """Replica r alone with its requests ``idx``: its pool as the only one, one replica, every
-    iteration logged (``cfg.trace``)."""
+    iteration logged (``cfg.log_all``)."""
     pools = inputs.pools
     k = int(np.searchsorted(pools.first, r, side="right") - 1)
     one = Pools(*(np.ascontiguousarray(getattr(pools, f)[k:k + 1]) for f in Pools._fields[:-2]),
                 link_bw=pools.link_bw[k:k + 1, k:k + 1].copy(), link_alpha=pools.link_alpha[k:k + 1, k:k + 1].copy())
     one = one._replace(first=np.zeros(1, np.int64), count=np.ones(1, np.int64))
-    cfg = inputs.cfg._replace(replicas=1, trace=1, log_size=TRACE_LOG)
+    cfg = inputs.cfg._replace(replicas=1, log_all=1, log_size=SUB_LOG)
     spec = inputs.spec
     if spec is not None:
         spec = spec._replace(start=spec.start[idx])
@@ -196,7 +196,7 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
             drained = list(ex.map(lambda s: s.advance(until), subs))
             counts = [sum(c.shape[0] for c in cs) for cs in drained]
             if sum(counts):
-                merge_log_nb(np.concatenate([c for cs in drained for c in cs]),
+                merge_log_nb(np.concatenate([c for cs in drained for c in cs]).view(np.recarray),
                              np.concatenate(([0], np.cumsum(counts))).astype(np.int64), keys, tree, log, ctr)
             if all(s.done for s in subs):
                 break

@@ -48,7 +48,7 @@ class EngineConfig(NamedTuple):
     prefix_caching: int = 0     # 1: automatic prefix caching over `Chains` (POOLS.md)
     layerwise: int = 0          # 1: KV transfers pipelined layer by layer (only the last layer exposed)
     fast_forward: int = 1       # 1: decode spans without touching their requests (span.py); 0: step by step
-    trace: int = 0              # 1: a sub-run of a split run (split.py): every iteration logged, the loop
+    log_all: int = 0            # 1: a sub-run of a split run (split.py): every iteration logged, the loop
                                 # pausing when the log is full (it is drained, then resumed)
 
 
