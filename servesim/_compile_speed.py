@@ -1,5 +1,7 @@
-"""Two ways servesim has numba compile faster on a cold start, neither changing what it compiles
-(`servesim.jit` installs both when the first module with jitted functions is imported).
+"""Ways servesim has numba compile faster on a cold start, none changing what the compiled code computes
+(`servesim.jit` installs them when the first module with jitted functions is imported). Each is
+installed only where numba's code is the one described here (numba 0.68; else numba is left as it
+is), and none where the environment sets `SERVESIM_NUMBA_PATCHES=0` (`PATCHES_ENV`; README, Speed).
 
 **Compile flags compared in O(1) Python steps, not 22 property reads** (`speed_up_flags`). numba
 types each `a[i]`, `x + y`, `max(...)` by trying every overload template registered for the operator;
@@ -22,7 +24,38 @@ the end of compiling a servesim function (numba's "numba:compile" event, outermo
 generation's threshold is `COMPILE_GC_THRESHOLD`; it is put back after. Garbage is still collected,
 in larger batches: the peak memory of a cold first simulate rises by ~20 MiB.
 
-Together ~2.5 CPU s of a cold first simulate (README, Speed).
+The next three act only while a servesim function compiles (the same event, outermost).
+
+**A call's type found once per compile** (`cache_call_types`). numba types a call of a function
+type (`a[i]`, `x + y`, `min(a, b)`, `np.empty(n)`) by trying its overload templates in turn
+(`BaseFunction.get_call_type`); a cold first simulate asks ~6,000 times for ~330 distinct
+(function, argument types). A found signature is kept, keyed by everything numba's search reads
+(the function type, the typing context, the argument types, the target and the compile flags), and
+given again, with the implementation key numba would record; a search that fails is not kept, and
+the cache is emptied when the outermost servesim compile ends.
+
+**No failing lookup of `__array__` per array struct** (`skip_missing_array_lowering`). Lowering makes
+a struct for each array value it touches (`numba.np.arrayobj.make_array`), and each first asks the
+target context for an `__array__` lowering, which numba itself never registers: the lookup fails,
+and a failing lookup reloads every registry (`BaseContext.refresh`) before failing again (~1,300
+times on a cold first simulate). While no `__array__` lowering is installed, the lookup fails at
+once, with numba's error; the registries are reloaded at the start of every compile as before.
+
+**A function optimised once, in its library's final module** (`optimise_in_final_module`). numba
+runs LLVM's O3 function passes over each function as its module is added to a library
+(`CPUCodeLibrary._optimize_functions`), and then LLVM's O3 module pipeline, which runs the same
+function simplification after inlining, over the library's final module. The first is skipped: the
+final module's pipeline optimises every function (the callees already optimised in their own
+library), with the same IEEE semantics (no fast-math flags), so the same results; the event loop
+is not slower (README, Speed).
+
+**IR inlining copies a callee's blocks in one deep copy** (`copy_inlined_blocks_once`). numba's
+`InlineWorker.inline_ir` copies the callee's IR (twice) block by block, each block with a fresh copy
+memo, so the callee's whole scope (every variable) is copied again for each block: O(blocks x
+variables) for the engine's large inlined handlers. The blocks are copied in one deep copy instead,
+so the scope once; the copies are equal, and numba renames their variables in the caller as before.
+
+Together ~N CPU s of a cold first simulate (README, Speed).
 """
 from __future__ import annotations
 
@@ -93,37 +126,220 @@ def speed_up_flags() -> bool:
     return True
 
 
+PATCHES_ENV = "SERVESIM_NUMBA_PATCHES"
+
+
+def patches_wanted() -> bool:
+    """Whether the environment lets servesim patch numba: `SERVESIM_NUMBA_PATCHES` unset, empty or 1
+    (the default), or 0 (numba left exactly as it is)."""
+    import os
+    value = os.environ.get(PATCHES_ENV, "").strip()
+    if value in ("", "1"):
+        return True
+    if value == "0":
+        return False
+    from .errors import ConfigError
+    raise ConfigError(f"{PATCHES_ENV} = {value!r}: use 1 (numba patched to compile faster, the default) "
+                      f"or 0 (numba left as it is)")
+
+
 # the youngest generation's threshold while numba compiles a servesim function (Python's default: 700)
 COMPILE_GC_THRESHOLD = 50_000
-_gc_state = {"installed": False, "depth": 0, "saved": None}
+# while the outermost compilation running is a servesim function's: its depth, the collector's
+# threshold to put back, whether it is servesim's, and the call types found in it
+_state = {"installed": False, "depth": 0, "saved": None, "servesim": False, "gc": False}
+_call_types: dict = {}
 
 
-def fewer_collections_while_compiling() -> None:
-    """From now on, raise the youngest generation's collection threshold to `COMPILE_GC_THRESHOLD` while
-    the outermost compilation of a servesim function runs; idempotent."""
-    if _gc_state["installed"]:
+def _listen() -> None:
+    """Follow numba's "numba:compile" event: which compilation is outermost, and whether it is a
+    servesim function's; raise the collector's threshold then (if asked), and empty the call-type
+    cache when it ends. Idempotent."""
+    if _state["installed"]:
         return
     import gc
 
     from numba.core import event
 
-    class _Collections(event.Listener):
+    class _Compilations(event.Listener):
         def on_start(self, ev):
-            _gc_state["depth"] += 1
-            if _gc_state["depth"] != 1:
+            _state["depth"] += 1
+            if _state["depth"] != 1:
                 return
             func = getattr(ev.data.get("dispatcher"), "py_func", None)
-            if (getattr(func, "__module__", None) or "").startswith("servesim."):
-                t = gc.get_threshold()
-                if t[0] < COMPILE_GC_THRESHOLD:
-                    _gc_state["saved"] = t
-                    gc.set_threshold(COMPILE_GC_THRESHOLD, *t[1:])
+            if not (getattr(func, "__module__", None) or "").startswith("servesim."):
+                return
+            _state["servesim"] = True
+            t = gc.get_threshold()
+            if _state["gc"] and t[0] < COMPILE_GC_THRESHOLD:
+                _state["saved"] = t
+                gc.set_threshold(COMPILE_GC_THRESHOLD, *t[1:])
 
         def on_end(self, ev):
-            _gc_state["depth"] -= 1
-            if _gc_state["depth"] == 0 and _gc_state["saved"] is not None:
-                gc.set_threshold(*_gc_state["saved"])
-                _gc_state["saved"] = None
+            _state["depth"] -= 1
+            if _state["depth"] != 0:
+                return
+            _state["servesim"] = False
+            _call_types.clear()
+            if _state["saved"] is not None:
+                gc.set_threshold(*_state["saved"])
+                _state["saved"] = None
 
-    event.register("numba:compile", _Collections())
-    _gc_state["installed"] = True
+    event.register("numba:compile", _Compilations())
+    _state["installed"] = True
+
+
+def fewer_collections_while_compiling() -> None:
+    """From now on, raise the youngest generation's collection threshold to `COMPILE_GC_THRESHOLD` while
+    the outermost compilation of a servesim function runs; idempotent."""
+    _state["gc"] = True
+    _listen()
+
+
+def cache_call_types() -> bool:
+    """While a servesim function compiles, give a call's signature found before for the same function
+    type, typing context, argument types, target and flags (numba's `BaseFunction.get_call_type`,
+    searched again otherwise); returns whether it is installed."""
+    from numba.core import targetconfig
+    from numba.core.target_extension import get_local_target
+    from numba.core.types import functions as F
+    search = F.BaseFunction.get_call_type
+    if getattr(search, "_servesim", False):
+        return True
+    import inspect
+    try:
+        src = inspect.getsource(search)
+    except (OSError, TypeError):
+        return False
+    if not (callable(getattr(targetconfig.ConfigStack, "top_or_none", None))
+            and "self._impl_keys[sig.args] = temp.get_impl_key(sig)" in src):
+        return False
+
+    def get_call_type(self, context, args, kws):
+        if not _state["servesim"]:
+            return search(self, context, args, kws)
+        try:
+            key = (self, context, tuple(args), tuple(kws.items()), get_local_target(context),
+                   targetconfig.ConfigStack.top_or_none())
+            found = _call_types.get(key)
+        except TypeError:       # an unhashable argument: numba's search
+            return search(self, context, args, kws)
+        if found is not None:
+            sig, impl_key = found
+            self._impl_keys[sig.args] = impl_key
+            return sig
+        sig = search(self, context, args, kws)
+        if sig is not None:
+            _call_types[key] = (sig, self._impl_keys[sig.args])
+        return sig
+
+    get_call_type._servesim = True
+    get_call_type.__wrapped__ = search
+    F.BaseFunction.get_call_type = get_call_type
+    return True
+
+
+def skip_missing_array_lowering() -> bool:
+    """While a servesim function compiles and no `__array__` lowering is installed, a lookup of one
+    fails at once with numba's error, without reloading every registry first; returns whether it is
+    installed."""
+    from numba.core import base
+    lookup = base.BaseContext.get_function
+    if getattr(lookup, "_servesim", False):
+        return True
+    import inspect
+    try:
+        src = inspect.getsource(lookup)
+    except (OSError, TypeError):
+        return False
+    if "self.refresh()" not in src or "_firstcall" not in src:
+        return False
+
+    def get_function(self, fn, sig, _firstcall=True):
+        if fn == "__array__" and _state["servesim"]:
+            defns = self._defns
+            if "__array__" not in defns or not defns["__array__"].versions:
+                raise NotImplementedError("No definition for lowering %s%s" % (fn, sig.as_function()))
+        return lookup(self, fn, sig, _firstcall)
+
+    get_function._servesim = True
+    get_function.__wrapped__ = lookup
+    base.BaseContext.get_function = get_function
+    return True
+
+
+def optimise_in_final_module() -> bool:
+    """While a servesim function compiles, a module added to a library is not run through LLVM's
+    function passes first (its library's final module is optimised as before); returns whether it is
+    installed."""
+    from numba.core import codegen
+    lib = codegen.CPUCodeLibrary
+    first = lib._optimize_functions
+    if getattr(first, "_servesim", False):
+        return True
+    if not (callable(getattr(lib, "_optimize_final_module", None)) and callable(getattr(lib, "add_llvm_module", None))):
+        return False
+
+    def _optimize_functions(self, ll_module):
+        if not _state["servesim"]:
+            return first(self, ll_module)
+        ll_module.data_layout = self._codegen._data_layout     # (what numba's sets first)
+
+    _optimize_functions._servesim = True
+    _optimize_functions.__wrapped__ = first
+    lib._optimize_functions = _optimize_functions
+    return True
+
+
+# numba 0.68's copy of a callee's IR in `InlineWorker.inline_ir`, and what replaces it
+_BLOCKWISE_COPY = """            kernel_copy.blocks = {}
+            for block_label, block in the_ir.blocks.items():
+                new_block = copy.deepcopy(the_ir.blocks[block_label])
+                kernel_copy.blocks[block_label] = new_block
+"""
+_ONE_COPY = """            kernel_copy.blocks = copy.deepcopy(the_ir.blocks)
+"""
+
+
+def copy_inlined_blocks_once() -> bool:
+    """numba's `InlineWorker.inline_ir` with its callee copy made in one deep copy of the blocks
+    (`_ONE_COPY`) where numba copies block by block (`_BLOCKWISE_COPY`, which must appear in numba's
+    source exactly once); the rest of numba's method as it is. Used only while a servesim function
+    compiles; returns whether it is installed."""
+    import inspect
+    import textwrap
+
+    from numba.core import inline_closurecall as icc
+    worker = icc.InlineWorker
+    numbas = worker.inline_ir
+    if getattr(numbas, "_servesim", False):
+        return True
+    try:
+        src = inspect.getsource(numbas)
+    except (OSError, TypeError):
+        return False
+    if src.count(_BLOCKWISE_COPY) != 1 or not src.startswith("    def inline_ir(self,"):
+        return False
+    import types
+    module = compile(textwrap.dedent(src.replace(_BLOCKWISE_COPY, _ONE_COPY)), icc.__file__, "exec")
+    code = next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == "inline_ir")
+    once = types.FunctionType(code, vars(icc), "inline_ir", numbas.__defaults__)   # numba's module globals
+    once.__kwdefaults__ = numbas.__kwdefaults__
+
+    def inline_ir(self, *args, **kwargs):
+        return (once if _state["servesim"] else numbas)(self, *args, **kwargs)
+
+    inline_ir._servesim = True
+    inline_ir.__wrapped__ = numbas
+    worker.inline_ir = inline_ir
+    return True
+
+
+def install() -> dict:
+    """Install every speed-up the environment allows (`patches_wanted`); returns which are in place."""
+    if not patches_wanted():
+        return {}
+    fewer_collections_while_compiling()
+    return {"flags": speed_up_flags(), "call types": cache_call_types(),
+            "array lowering": skip_missing_array_lowering(), "function passes": optimise_in_final_module(),
+            "inline copy": copy_inlined_blocks_once()}

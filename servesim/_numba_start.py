@@ -11,14 +11,17 @@ chooses how `np.correlate` / `np.convolve` are compiled, which no jitted servesi
 without importing it: the same answer wherever scipy is installed, as it must be for servesim. The
 answer puts numba's `ensure_blas` back at once, so every BLAS or LAPACK function numba compiles later
 is checked by numba as before. Nothing is changed once numba has loaded `numba.np.arraymath`, or where
-numba's layout is not the one described here.
+numba's layout is not the one described here, or where `SERVESIM_NUMBA_PATCHES=0`.
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
+
+from ._compile_speed import PATCHES_ENV
 
 _LINALG = "numba.np.linalg"
 
@@ -63,8 +66,8 @@ class _WatchLinalg(importlib.abc.MetaPathFinder):
 
 
 def answer_blas_probe() -> None:
-    if "numba.np.arraymath" in sys.modules:
-        return
+    if "numba.np.arraymath" in sys.modules or os.environ.get(PATCHES_ENV, "").strip() == "0":
+        return      # (SERVESIM_NUMBA_PATCHES=0: numba left as it is; _compile_speed checks the value)
     linalg = sys.modules.get(_LINALG)
     if linalg is not None:
         _answer_once(linalg)

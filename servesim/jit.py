@@ -7,13 +7,13 @@ first-class function value or takes its C address, and each wrapper is lowered, 
 into machine code on a cold start (~1 CPU s of a cold first simulate; README, Speed). Python still
 calls a jitted function through its CPython wrapper, and jitted code calls it directly.
 
-Importing this module (as every module with jitted functions does, before defining them) also has
-numba compare its compile flags cheaply and collect garbage less often while it compiles
-(`_compile_speed.py`: the same compiled code, ~2.5 CPU s less on a cold start).
+Importing this module (as every module with jitted functions does, before defining them) also
+installs numba's speed-ups for a cold start (`_compile_speed.install`: compile flags compared
+cheaply, fewer collections, call types found once, no failing `__array__` lookups, functions
+optimised once, inlined blocks copied once; none where `SERVESIM_NUMBA_PATCHES=0`).
 """
-from ._compile_speed import fewer_collections_while_compiling, speed_up_flags
+from ._compile_speed import install
 
 JIT = dict(cache=True, no_cfunc_wrapper=True)
 
-speed_up_flags()
-fewer_collections_while_compiling()
+install()

@@ -122,3 +122,144 @@ def test_the_kernels_config_record_holds_every_field_exactly():
                                                           "frontend") else np.int64), name
     with pytest.raises(ValueError, match="max_num_seqs = 2.5"):
         config_record(cfg._replace(max_num_seqs=2.5))
+
+
+# ------------------------------------------------------------------ the patches that act while servesim compiles
+def test_installed_here_and_numbas_kept_underneath():
+    from numba.core import base, codegen, inline_closurecall
+    from numba.core.types import functions
+    assert nf.install() == {"flags": True, "call types": True, "array lowering": True,
+                            "function passes": True, "inline copy": True}
+    for patched in (functions.BaseFunction.get_call_type, base.BaseContext.get_function,
+                    codegen.CPUCodeLibrary._optimize_functions, inline_closurecall.InlineWorker.inline_ir):
+        assert patched._servesim and patched.__wrapped__.__module__.startswith("numba.")
+
+
+def _typing_cases():
+    import operator
+
+    import numpy as np
+    from numba.core import types
+    from numba.core.registry import cpu_target
+    ctx = cpu_target.typing_context
+    ctx.refresh()
+    arr = types.Array(types.float64, 1, "C")
+    rec = types.Array(types.Record.make_c_struct([("a", types.int64), ("b", types.float64)]), 1, "C")
+    cases = [(operator.getitem, (arr, types.int64)), (operator.getitem, (arr, types.intp)),
+             (operator.getitem, (rec, types.int64)), (operator.add, (types.int64, types.float64)),
+             (operator.lt, (types.float64, types.float64)), (min, (types.int64, types.int64)),
+             (max, (types.float64, types.int64)), (np.empty, (types.int64,)), (abs, (types.float64,)),
+             (operator.setitem, (arr, types.int64, types.float64))]
+    return ctx, [(ctx.resolve_value_type(f), args) for f, args in cases]
+
+
+def test_a_call_type_given_again_is_the_one_numba_finds():
+    ctx, cases = _typing_cases()
+    for fnty, args in cases:
+        numbas = type(fnty).get_call_type.__wrapped__(fnty, ctx, args, {})
+        key = fnty._impl_keys[numbas.args]
+        with _compiling("servesim.engine.kernel"):
+            first = fnty.get_call_type(ctx, args, {})
+            fnty._impl_keys.clear()
+            again = fnty.get_call_type(ctx, args, {})             # from the cache
+            assert fnty._impl_keys[again.args] == key             # what numba records, recorded
+            assert len(nf._call_types) > 0
+        assert first == again == numbas, (fnty, args)
+        assert again.return_type == numbas.return_type and again.pysig == numbas.pysig
+    assert nf._call_types == {}                                   # emptied as the compile ends
+
+
+def test_a_call_numba_refuses_is_refused_every_time_and_not_kept():
+    import pytest
+    from numba.core import errors, types
+    ctx, cases = _typing_cases()
+    fnty = cases[0][0]
+    with _compiling("servesim.engine.kernel"):
+        for _ in range(2):
+            with pytest.raises(errors.TypingError):
+                fnty.get_call_type(ctx, (types.unicode_type, types.float64), {})
+        assert nf._call_types == {}
+
+
+def test_the_missing_array_lowering_fails_with_numbas_error():
+    import pytest
+    from numba.core import types
+    from numba.core.registry import cpu_target
+    from numba.core.typing import signature
+    ctx = cpu_target.target_context
+    sig = signature(types.Array(types.float64, 1, "C"), types.Array(types.float64, 1, "C"))
+    with pytest.raises(NotImplementedError) as numbas:
+        type(ctx).get_function.__wrapped__(ctx, "__array__", sig)
+    with _compiling("servesim.engine.kernel"):
+        with pytest.raises(NotImplementedError) as ours:
+            ctx.get_function("__array__", sig)
+        assert ctx.get_function(abs, signature(types.float64, types.float64))    # others: numba's lookup
+    assert str(ours.value) == str(numbas.value)
+
+
+def test_function_passes_skipped_only_while_servesim_compiles():
+    import llvmlite.binding as ll
+    from numba.core.registry import cpu_target
+    text = """define i64 @f(i64 %x) {
+entry:
+  %p = alloca i64
+  store i64 %x, i64* %p
+  %v = load i64, i64* %p
+  %w = add i64 %v, 0
+  ret i64 %w
+}"""
+    cg = cpu_target.target_context.codegen()
+    lib = cg.create_library("test")
+    with _compiling("servesim.engine.kernel"):
+        m = ll.parse_assembly(text)
+        lib._optimize_functions(m)
+        assert "alloca" in str(m) and str(m.data_layout) == cg._data_layout   # left to the final module
+    m = ll.parse_assembly(text)
+    lib._optimize_functions(m)                                                  # numba's: optimised now
+    assert "alloca" not in str(m) and "add" not in str(m)
+
+
+def _multi_block(n, a):
+    s = 0.0
+    for i in range(n):
+        if a[i] > 0:
+            s += a[i]
+        else:
+            s -= 1.0
+    return s
+
+
+def test_the_one_copy_of_a_callees_blocks_equals_numbas_blockwise_copy():
+    import copy
+    import io
+
+    from numba.core.compiler import run_frontend
+    the_ir = run_frontend(_multi_block)
+    blockwise = {label: copy.deepcopy(block) for label, block in the_ir.blocks.items()}   # numba's
+    once = copy.deepcopy(the_ir.blocks)                                                  # ours
+
+    def dump(blocks):
+        out = io.StringIO()
+        for label, block in sorted(blocks.items()):
+            print(label, file=out)
+            block.dump(file=out)
+        return out.getvalue()
+
+    assert dump(once) == dump(blockwise) == dump(the_ir.blocks)
+    scopes = {id(b.scope) for b in once.values()}
+    assert len(scopes) == 1 and len({id(b.scope) for b in blockwise.values()}) == len(blockwise) > 1
+    scope = next(iter(once.values())).scope
+    assert scope == the_ir.blocks[min(the_ir.blocks)].scope and scope is not the_ir.blocks[min(the_ir.blocks)].scope
+    assert sorted(scope.localvars._con) == sorted(the_ir.blocks[min(the_ir.blocks)].scope.localvars._con)
+
+
+def test_numba_left_as_it_is_when_the_environment_says_0(monkeypatch):
+    import pytest
+
+    from servesim.errors import ConfigError
+    for value, wanted in (("", True), ("1", True), ("0", False), (" 0 ", False)):
+        monkeypatch.setenv(nf.PATCHES_ENV, value)
+        assert nf.patches_wanted() is wanted
+    monkeypatch.setenv(nf.PATCHES_ENV, "yes")
+    with pytest.raises(ConfigError, match="SERVESIM_NUMBA_PATCHES = 'yes': use 1 .* or 0"):
+        nf.patches_wanted()
