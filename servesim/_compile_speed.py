@@ -196,6 +196,15 @@ def fewer_collections_while_compiling() -> None:
     _listen()
 
 
+def _source(func) -> str:
+    """numba's source of `func` ('' where it cannot be read: then nothing is patched)."""
+    import inspect
+    try:
+        return inspect.getsource(func)
+    except (OSError, TypeError):
+        return ""
+
+
 def cache_call_types() -> bool:
     """While a servesim function compiles, give a call's signature found before for the same function
     type, typing context, argument types, target and flags (numba's `BaseFunction.get_call_type`,
@@ -206,13 +215,8 @@ def cache_call_types() -> bool:
     search = F.BaseFunction.get_call_type
     if getattr(search, "_servesim", False):
         return True
-    import inspect
-    try:
-        src = inspect.getsource(search)
-    except (OSError, TypeError):
-        return False
     if not (callable(getattr(targetconfig.ConfigStack, "top_or_none", None))
-            and "self._impl_keys[sig.args] = temp.get_impl_key(sig)" in src):
+            and "self._impl_keys[sig.args] = temp.get_impl_key(sig)" in _source(search)):
         return False
 
     def get_call_type(self, context, args, kws):
@@ -247,11 +251,7 @@ def skip_missing_array_lowering() -> bool:
     lookup = base.BaseContext.get_function
     if getattr(lookup, "_servesim", False):
         return True
-    import inspect
-    try:
-        src = inspect.getsource(lookup)
-    except (OSError, TypeError):
-        return False
+    src = _source(lookup)
     if "self.refresh()" not in src or "_firstcall" not in src:
         return False
 
@@ -306,7 +306,6 @@ def copy_inlined_blocks_once() -> bool:
     (`_ONE_COPY`) where numba copies block by block (`_BLOCKWISE_COPY`, which must appear in numba's
     source exactly once); the rest of numba's method as it is. Used only while a servesim function
     compiles; returns whether it is installed."""
-    import inspect
     import textwrap
 
     from numba.core import inline_closurecall as icc
@@ -314,10 +313,7 @@ def copy_inlined_blocks_once() -> bool:
     numbas = worker.inline_ir
     if getattr(numbas, "_servesim", False):
         return True
-    try:
-        src = inspect.getsource(numbas)
-    except (OSError, TypeError):
-        return False
+    src = _source(numbas)
     if src.count(_BLOCKWISE_COPY) != 1 or not src.startswith("    def inline_ir(self,"):
         return False
     import types
