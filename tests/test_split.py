@@ -42,6 +42,7 @@ CASES = {
     "clock stopped mid-run, warm-up": dict(replicas=3, rate=40, num_requests=2000, duration=20.0, warmup=3.0,
                                            seed=10),
     "overloaded": dict(replicas=2, rate=400, num_requests=1500, seed=11),
+    "offline (every arrival at once)": dict(replicas=3, offline=True, num_requests=900, seed=19),
 }
 
 

@@ -82,9 +82,10 @@ class Run(NamedTuple):
     pad: object
 
 
-def new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None, fs=None) -> Run:
+def new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, dps=None, fs=None, log=None) -> Run:
     """The state of a run, allocated in NumPy: ``ps`` one CostParams per pool; ``pools``, ``chains``: see
-    engine/POOLS.md; ``fs``: the step cost's shape (None: `kernel_features` of the tables)."""
+    engine/POOLS.md; ``fs``: the step cost's shape (None: `kernel_features` of the tables); ``log``: the
+    iteration log's records (None: new ones, `cfg.log_size` of them)."""
     n = prompt.shape[0]
     rq = new_requests(arrival, prompt, output, u1, u2, chains.next_turn)
     ctr = new_counters(cfg, n)
@@ -117,7 +118,7 @@ def new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, 
         dtabs = cost_inputs(dps, pools) if dps is not None else tabs
     return Run(tabs, kernel_features(tabs, dtabs) if fs is None else fs,   # the step cost's shape (costmodel/features.py)
                config_record(cfg), kernel_pools(pools), chains, rq, rp, cache, turns, xfers,
-               new_step(cfg.max_num_seqs), new_log(cfg.log_size), ctr,
+               new_step(cfg.max_num_seqs), new_log(cfg.log_size) if log is None else log, ctr,
                np.zeros((cfg.replicas, N_STATS)),    # per replica (`state.pool_stats_of` folds them into pools)
                np.zeros(C.N_PREFIX), np.zeros(C.GAP_BINS, np.int64), spec, dtabs,
                new_span(cfg, pools.role.shape[0]),  # decode fast-forward (span.py; cfg.fast_forward 0: never used)

@@ -39,12 +39,12 @@ from .kernel import RUN_PAUSED, end_run_nb, kernel_features, cost_inputs, new_ru
 from .lower import KernelInputs, no_chains
 from .nextevent import first_nb, new_tree, set_time_nb
 from .state import (
-    INF, ITERATIONS, LOG_COUNT, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, new_counters, new_log, output_columns, pool_stats_of,
+    INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, log_dtype, new_counters, new_log, output_columns, pool_stats_of,
     request_dtype, request_template,
 )
 
-SUB_LOG = 1 << 14         # a sub-run's log (iterations between drains; 48 B each)
-WINDOW = 1 << 16            # requests arriving per window of the lock-step advance
+SUB_LOG = 1 << 17           # a window's log, shared by the sub-runs (a row each; 48 B an iteration)
+WINDOW = 1 << 14            # requests arriving per window of the lock-step advance
 SPLIT_MIN = 2000            # fewer requests run whole: the split's fixed costs would not pay off
 
 
@@ -110,7 +110,7 @@ def sub_inputs(inputs: KernelInputs, r: int, idx: np.ndarray) -> KernelInputs:
     one = Pools(*(np.ascontiguousarray(getattr(pools, f)[k:k + 1]) for f in Pools._fields[:-2]),
                 link_bw=pools.link_bw[k:k + 1, k:k + 1].copy(), link_alpha=pools.link_alpha[k:k + 1, k:k + 1].copy())
     one = one._replace(first=np.zeros(1, np.int64), count=np.ones(1, np.int64))
-    cfg = inputs.cfg._replace(replicas=1, log_all=1, log_size=SUB_LOG)
+    cfg = inputs.cfg._replace(replicas=1, log_all=1)
     spec = inputs.spec
     if spec is not None:
         spec = spec._replace(start=spec.start[idx])
@@ -120,62 +120,81 @@ def sub_inputs(inputs: KernelInputs, r: int, idx: np.ndarray) -> KernelInputs:
                         None if inputs.dps is None else (inputs.dps[k],))
 
 
-@njit(**JIT)
-def merge_log_nb(recs, starts, keys, tree, log, ctr):
+@njit(nogil=True, **JIT)    # (nogil: it runs beside the sub-runs' next window)
+def merge_log_nb(recs, counts, keys, tree, log, ctr):
     """Feed the whole run's log (``log``, its counters ``ctr``) the iterations of one window, in the
-    whole run's order: sub-run r's are ``recs[starts[r]:starts[r + 1]]``, in its order; the earliest
-    head goes first, ties to the lowest replica (the tournament tree of nextevent.py, the order the
-    loop takes replicas' decisions in), each logged as the loop logs it (`events.log_iteration_nb`).
-    ``keys``, ``tree``: a tree of one leaf per sub-run, every time inf (as it is left)."""
-    n_sub = starts.shape[0] - 1
-    heads = starts[:n_sub].copy()
-    for r in range(n_sub):
-        if heads[r] < starts[r + 1]:
-            set_time_nb(keys, tree, r, recs[heads[r]].time)
+    whole run's order: replica r's are ``recs[r, :counts[r]]``, in its order; the earliest head goes
+    first, ties to the lowest replica (the tournament tree of nextevent.py, the order the loop takes
+    replicas' decisions in), each logged as the loop logs it (`events.log_iteration_nb`). ``keys``,
+    ``tree``: a tree of one leaf per replica, every time inf (as it is left)."""
+    heads = np.zeros(counts.shape[0], np.int64)
+    for r in range(counts.shape[0]):
+        if counts[r] > 0:
+            set_time_nb(keys, tree, r, recs[r, 0].time)
     while True:
         t, r = first_nb(keys, tree)
         if t == INF:
             break
-        e = recs[heads[r]]
+        e = recs[r, heads[r]]
         ctr[ITERATIONS] += 1
-        log_iteration_nb(log, ctr, t, e.replica, e.seqs, e.tokens, e.kv_blocks, e.waiting)
+        if (ctr[ITERATIONS] - 1) & (ctr[LOG_STRIDE] - 1) == 0:     # (a sample: as `events.launch_nb` asks)
+            log_iteration_nb(log, ctr, t, r, e.seqs, e.tokens, e.kv_blocks, e.waiting)
         heads[r] += 1
-        set_time_nb(keys, tree, r, recs[heads[r]].time if heads[r] < starts[r + 1] else INF)
+        set_time_nb(keys, tree, r, recs[r, heads[r]].time if heads[r] < counts[r] else INF)
 
 
 class SubRun:
     """One replica's sub-run: its requests (``idx``), its state, its clock."""
 
-    def __init__(self, inputs: KernelInputs, r: int, idx: np.ndarray, fs):
+    def __init__(self, inputs: KernelInputs, r: int, idx: np.ndarray, fs, row):
         self.r = r
         self.idx = idx
-        self.state = new_run(*sub_inputs(inputs, r, idx), fs=fs)
+        self.state = new_run(*sub_inputs(inputs, r, idx), fs=fs, log=row)
         self.now = 0.0
         self.done = False
 
-    def advance(self, until: float) -> list:
-        """Run to the first event at or after ``until``; the iterations logged, drained (their
-        replica set to r)."""
-        st, out = self.state, []
+    def advance(self, until: float, row):
+        """Run to the first event at or after ``until``, logging its iterations in ``row`` (its row of
+        this window's log); returns (the logs it filled and drained before, its count in ``row``)."""
+        st = self.state = self.state._replace(log=row)
+        st.ctr[LOG_COUNT] = 0
+        full = []
         while not self.done:
             self.now, why = run_nb(*st, self.now, until)
-            k = int(st.ctr[LOG_COUNT])
-            if k:
-                recs = st.log[:k].copy()
-                recs["replica"] = self.r
-                out.append(recs)
-                st.ctr[LOG_COUNT] = 0
             if why != RUN_PAUSED:
                 self.done = True
-            elif k < st.log.shape[0]:
+            elif st.ctr[LOG_COUNT] < row.shape[0]:
                 break               # paused at `until`, not because its log was full
-        return out
+            else:
+                full.append(row.copy())
+                st.ctr[LOG_COUNT] = 0
+        return full, int(st.ctr[LOG_COUNT])
 
 
-def windows(arrival: np.ndarray):
-    """The ends of the lock-step windows: the arrival of every WINDOW-th request, then inf."""
-    ends = np.unique(arrival[WINDOW::WINDOW])
-    return [float(t) for t in ends if t > 0] + [INF]
+class Windows:
+    """The ends of the lock-step windows: the arrival of every WINDOW-th request; after the last,
+    windows as long as the one before, twice as long after one that left most of the log empty, half
+    after one that filled a replica's log (the windows change the speed, never the results)."""
+
+    def __init__(self, arrival: np.ndarray, cap: int):
+        ends = np.unique(arrival[WINDOW::WINDOW])
+        self.ends = [float(t) for t in ends if t > 0]
+        self.cap = cap
+        self.t = 0.0
+        self.dt = 1.0       # s; (adapted)
+
+    def next(self, filled: int, overflowed: bool) -> float:
+        if self.ends:
+            t = self.ends.pop(0)
+            self.dt = max(t - self.t, 1e-9)
+        else:
+            if overflowed:
+                self.dt /= 2
+            elif filled < self.cap // 4:
+                self.dt *= 2
+            t = self.t + self.dt
+        self.t = t
+        return t
 
 
 def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
@@ -185,21 +204,44 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
     tabs = cost_inputs(inputs.ps, inputs.pools)
     dtabs = None if inputs.spec is None else (cost_inputs(inputs.dps, inputs.pools) if inputs.dps is not None else tabs)
     fs = kernel_features(tabs, dtabs)     # the whole run's step-cost shape for every sub-run
+    R = cfg.replicas
     rep = replica_of(inputs)
-    order = np.argsort(rep, kind="stable")
-    cuts = np.searchsorted(rep[order], np.arange(cfg.replicas + 1))
+    # each replica's requests in index order (a radix sort: replica numbers fit 16 bits)
+    order = np.argsort(rep.astype(np.int16) if R < 1 << 15 else rep, kind="stable")
+    cuts = np.searchsorted(rep[order], np.arange(R + 1))
     log, ctr = new_log(cfg.log_size), new_counters(cfg, 0)     # the whole run's log and its counters
-    keys, tree = new_tree(cfg.replicas)
+    keys, tree = new_tree(R)
+    # the windows' logs, a row per replica: two, alternating (one is merged while the next is filled)
+    cap = max(SUB_LOG // R, 8)
+    logs = [np.zeros((R, cap), log_dtype).view(np.recarray) for _ in range(2)]
+
+    def merge(recs, got):
+        counts = np.array([n + sum(f.shape[0] for f in full) for full, n in got], np.int64)
+        if any(full for full, _ in got):     # a replica's log filled: its iterations into one row each
+            rows = np.zeros((R, counts.max()), log_dtype).view(np.recarray)
+            for r, (full, n) in enumerate(got):
+                rows[r, :counts[r]] = np.concatenate(full + [recs[r, :n]])
+            recs = rows
+        merge_log_nb(recs, counts, keys, tree, log, ctr)
+        return int(counts.max()), any(full for full, _ in got)
+
+    win = Windows(inputs.arrival, cap)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="servesim-split") as ex:
-        subs = list(ex.map(lambda r: SubRun(inputs, r, order[cuts[r]:cuts[r + 1]], fs), range(cfg.replicas)))
-        for until in windows(inputs.arrival):
-            drained = list(ex.map(lambda s: s.advance(until), subs))
-            counts = [sum(c.shape[0] for c in cs) for cs in drained]
-            if sum(counts):
-                merge_log_nb(np.concatenate([c for cs in drained for c in cs]).view(np.recarray),
-                             np.concatenate(([0], np.cumsum(counts))).astype(np.int64), keys, tree, log, ctr)
+        subs = list(ex.map(lambda r: SubRun(inputs, r, order[cuts[r]:cuts[r + 1]], fs, logs[0][r]), range(R)))
+        last, filled, overflowed, w = None, 0, False, 0
+        while True:
+            until = win.next(filled, overflowed)
+            # the sub-runs advance through this window while the last one's iterations are merged
+            futures = [ex.submit(s.advance, until, logs[w % 2][s.r]) for s in subs]
+            if last is not None:
+                merge(*last)
+            last = (logs[w % 2], [f.result() for f in futures])
+            w += 1
             if all(s.done for s in subs):
                 break
+            filled = max(n + sum(f.shape[0] for f in full) for full, n in last[1])
+            overflowed = any(full for full, _ in last[1])
+        merge(*last)
         now = max(s.now for s in subs)
         cols = {name: np.empty(inputs.prompt.shape[0], request_dtype[name]) for name in OUTPUT_FIELDS}
 

@@ -512,7 +512,7 @@ def output_columns(rq, names=OUTPUT_FIELDS + TRANSFER_FIELDS) -> dict:
     return cols
 
 
-@njit(**JIT)
+@njit(nogil=True, **JIT)    # (nogil: a split run's sub-runs gather theirs on threads, split.py)
 def gather_nb(rq, arrival, scheduled, first_token, finish, preemptions, replica, status, max_gap, xfer_start,
               xfer_end, pf_replica):
     """`output_columns`' jitted pass: each record's OUTPUT_FIELDS (and TRANSFER_FIELDS, when their
