@@ -361,14 +361,15 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
         if cfg.trace_mode == "replay":
             rate = trace["mean_rate"]
     _check_capacity(cfg, dep, reqs)
-    out = run(lower_requests(dep, reqs, cfg.seed, cfg.speculative), threads_of(cfg.threads, dep.cfg.replicas))
+    threads = threads_of(cfg.threads, dep.cfg.replicas)
+    out = run(lower_requests(dep, reqs, cfg.seed, cfg.speculative), threads)
     df = requests_columns(out, reqs.prompt, reqs.output, dep.cfg.frontend)
     if _pool_report(cfg, reqs):
         summary_args, config_extra = _pools_summary(cfg, dep, out, df, reqs)
     else:
         summary_args, config_extra = _single_summary(cfg, dep, hw)
     summary = summarize(df, out, warmup=cfg.warmup, slo=cfg.slo or Slo(), offered_rate=rate, stages=cfg.stages,
-                        concurrency=cfg.concurrency, **summary_args)
+                        concurrency=cfg.concurrency, threads=threads_of(cfg.threads), **summary_args)
     pools_part = {}
     if "pools" in config_extra:
         pools_part = _pools_part(cfg, out, df, config_extra.pop("pools"), summary)

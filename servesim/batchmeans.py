@@ -13,7 +13,7 @@ from numba import njit
 from .jit import JIT
 
 
-@njit(**JIT)
+@njit(nogil=True, **JIT)    # (nogil: the summary's series are computed on threads, metrics.each)
 def batch_squares_nb(x, shift, m, indicator, b, out):
     """out[j] = ((c[j + b] - c[j]) / b) ** 2 for j = 0 .. n - b, c the prefix sums of v (c[0] = 0,
     c[i + 1] = c[i] + v[i], as np.cumsum) for v = x - shift or, with ``indicator``, v = 1{x <= shift}

@@ -12,6 +12,7 @@ from . import intervals as CI
 from .engine import codes as C
 from .engine import kernel as K
 from .errors import ConfigError
+from .long_runs import LONG_ABOVE
 from .order import stable_argsort
 from .rows import Rows
 from .workload.arrivals import DURATION_UNITS
@@ -65,12 +66,29 @@ def requests_frame(out: K.EngineOutput, prompt, output, frontend: float = 0.0):
     return frame_of(requests_columns(out, prompt, output, frontend))
 
 
-def run_batch_size(done: Rows) -> int:
+THREADS_ABOVE = LONG_ABOVE      # more requests: the summary's independent series computed on threads
+
+
+def each(fn, items, threads: int = 1) -> list:
+    """``[fn(x) for x in items]``, on up to ``threads`` threads: for functions of their own inputs only
+    (the intervals of one series), so the values are the same whatever the threads."""
+    items = list(items)
+    if threads <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="servesim-metrics") as ex:
+        return list(ex.map(fn, items))
+
+
+LATENCIES = ("ttft", "tpot", "e2e", "queue")
+
+
+def run_batch_size(done: Rows, threads: int = 1) -> int:
     """Batch size for one run's intervals: the largest chosen from its TTFT, TPOT, E2E and queueing
     series in arrival order (`intervals.batch_size`). All four are read off the same engine state; the
     slow drift of the decode batch shows clearly in TPOT but hardly in E2E's own autocorrelation."""
-    cols = [np.asarray(done[c], np.float64) for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")]
-    return max(CI.batch_size(x[np.isfinite(x)]) for x in cols)
+    cols = [np.asarray(done[f"{c}_s"], np.float64) for c in LATENCIES]
+    return max(each(lambda x: CI.batch_size(x[np.isfinite(x)]), cols, threads))
 
 
 def describe(x_s: np.ndarray, batch: int | None = None) -> dict:
@@ -136,7 +154,7 @@ def histogram_describe(hist: np.ndarray, mean_s: float) -> dict:
 def summarize(cols: dict, out: K.EngineOutput, *, warmup: float, slo: dict, num_gpus_per_replica: int,
               replicas: int, usd_per_gpu_hour: float, peak_flops: float, hbm_bw: float, num_blocks: int,
               offered_rate: float | None, stages=None, concurrency: int = 0, num_gpus: int | None = None,
-              usd_per_hour: float | None = None) -> dict:
+              usd_per_hour: float | None = None, threads: int = 1) -> dict:
     """The summary of one run from its request columns (`requests_columns`). `busy_fraction`: share of time a replica had a micro-batch in flight
     (any work; near 1 whenever requests overlap, whatever the load); `first_stage_busy_fraction` /
     `later_stage_busy_fraction`: share of time the first / each later pipeline stage computed (the
@@ -145,8 +163,11 @@ def summarize(cols: dict, out: K.EngineOutput, *, warmup: float, slo: dict, num_
     saturation is judged per stage (see `_queue_growth`). `concurrency`: the clients of a closed
     loop (0: open loop/offline). ``num_gpus`` / ``usd_per_hour``: the deployment's totals when its pools
     differ (default: ``num_gpus_per_replica x replicas`` GPUs at ``usd_per_gpu_hour``); ``peak_flops``,
-    ``hbm_bw`` are then per-GPU means and ``num_blocks`` the mean per replica."""
+    ``hbm_bw`` are then per-GPU means and ``num_blocks`` the mean per replica. ``threads``: the
+    independent series' intervals computed on up to that many threads (above THREADS_ABOVE requests;
+    the same values)."""
     end = float(out.stats[K.STAT_END_TIME])
+    threads = threads if len(cols["arrival_s"]) > THREADS_ABOVE else 1
     n_gpus = num_gpus_per_replica * replicas if num_gpus is None else num_gpus
     df = Rows(cols)
     t0, t1, open_loop = measurement_window(df, warmup, offered_rate is not None)
@@ -162,7 +183,7 @@ def summarize(cols: dict, out: K.EngineOutput, *, warmup: float, slo: dict, num_
     if open_loop:     # the requests completing in the window (the rates and goodput read them)
         f = df["finish_s"]
         delivered = df.where(fin & (f >= t0) & (f <= t1))
-    thr = _throughput(delivered, t0, window, n_gpus)
+    thr = _throughput(delivered, t0, window, n_gpus, threads)
     if open_loop:
         thr["offered_requests_per_s"] = len(measured) / window
     thr |= {"window_s": [t0, t1], "whole_run": _whole_run(df, fin)}
@@ -192,13 +213,14 @@ def summarize(cols: dict, out: K.EngineOutput, *, warmup: float, slo: dict, num_
     if unfinished:
         verdict, reason = SATURATED, f"stopped by --duration with {unfinished} requests unfinished"
     saturated = verdict == SATURATED
-    b = run_batch_size(done)
+    b = run_batch_size(done, threads)
+    lat = dict(zip(LATENCIES, each(lambda c: describe(done[f"{c}_s"], b), LATENCIES, threads)))
     metrics = {
-        "ttft_ms": describe(done["ttft_s"], b),
-        "tpot_ms": describe(done["tpot_s"], b),
+        "ttft_ms": lat["ttft"],
+        "tpot_ms": lat["tpot"],
         "itl_ms": histogram_describe(out.gap_hist, itl_mean) | {"ci95": _itl_ci(done, b)},
-        "e2e_ms": describe(done["e2e_s"], b),
-        "queue_ms": describe(done["queue_s"], b),
+        "e2e_ms": lat["e2e"],
+        "queue_ms": lat["queue"],
     }
     slo_report, attainment, _ = evaluate_slo(slo, metrics, done, window)
     goodput = None
@@ -349,7 +371,7 @@ def measurement_window(df: Rows, warmup: float, open_loop: bool) -> tuple[float,
     return t0, t1, True
 
 
-def _throughput(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
+def _throughput(done: Rows, t0: float, window: float, n_gpus: int, threads: int = 1) -> dict:
     """Rates of the requests in ``done`` (those completing in the window [t0, t0 + window]) per second
     of the window, with 95% intervals."""
     in_tok = float(done["prompt_tokens"].sum())
@@ -360,11 +382,11 @@ def _throughput(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
         "output_tokens_per_s": out_tok / window,
         "output_tokens_per_s_per_gpu": out_tok / window / n_gpus,
         "total_tokens_per_s": (in_tok + out_tok) / window,
-        "ci95": _throughput_ci(done, t0, window, n_gpus),
+        "ci95": _throughput_ci(done, t0, window, n_gpus, threads),
     }
 
 
-def _throughput_ci(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
+def _throughput_ci(done: Rows, t0: float, window: float, n_gpus: int, threads: int = 1) -> dict:
     """95% intervals of the throughput figures: each is a ratio sum(reward) / sum(time) over the
     completions in finish order, time being the gap since the previous completion (the first from the
     window's start) and a last interval of no completion from the last one to the window's end, so
@@ -385,9 +407,10 @@ def _throughput_ci(done: Rows, t0: float, window: float, n_gpus: int) -> dict:
     outp[:m] = done["output_tokens"][order]
     inp[m] = outp[m] = ones[m] = 0.0
     tot = inp + outp
-    b = max(CI.batch_size(gaps), CI.batch_size(tot), CI.batch_size(outp))
-    out = {k: CI.ratio_ci(v, gaps, b) for k, v in (("requests_per_s", ones), ("input_tokens_per_s", inp),
-                                                     ("output_tokens_per_s", outp), ("total_tokens_per_s", tot))}
+    b = max(each(CI.batch_size, (gaps, tot, outp), threads))
+    rewards = (("requests_per_s", ones), ("input_tokens_per_s", inp), ("output_tokens_per_s", outp),
+               ("total_tokens_per_s", tot))
+    out = dict(zip((k for k, _ in rewards), each(lambda v: CI.ratio_ci(v, gaps, b), (v for _, v in rewards), threads)))
     out["output_tokens_per_s_per_gpu"] = [None if v is None else v / n_gpus for v in out["output_tokens_per_s"]]
     return {k: [None if v[0] is None else max(v[0], 0.0), v[1]] for k, v in out.items()}
 

@@ -227,9 +227,10 @@ class SimConfig:
     threads: int | None = opt(None, "int", ge=1, grid=False, echo=False,
                               help="Threads simulating independent replicas at once (mixed pools, round-robin or "
                                    "random router, open loop, no prefix cache or sessions; other runs, and runs of "
-                                   "under 2,000 requests, use one); identical results for any N [default: the "
-                                   "usable cores, at most --replicas; in a sweep's or plan's worker processes, "
-                                   "the cores shared among the workers].")
+                                   "under 2,000 requests, use one) and computing the summary's intervals of "
+                                   "runs over 65,536 requests; identical results for any N [default: the usable "
+                                   "cores (at most --replicas for the replicas); in a sweep's or plan's worker "
+                                   "processes, the cores shared among the workers].")
 
 
 def options() -> dict[str, Option]:

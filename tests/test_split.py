@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import servesim
+from servesim import metrics
 from servesim.engine import codes as C
 from servesim.engine import split
 from servesim.engine import state as K
@@ -83,8 +84,10 @@ def test_a_short_split_run(monkeypatch):
     assert calls == [1]
 
 
-def test_any_threads_give_the_same_summary_through_the_api():
-    """The summary (percentiles, their CIs, the saturation verdict) and the records, with --threads 1, 2, 5."""
+def test_any_threads_give_the_same_summary_through_the_api(monkeypatch):
+    """The summary (percentiles, their CIs, the saturation verdict) and the records, with --threads 1, 2, 5
+    (the summary's series on threads too: metrics.each)."""
+    monkeypatch.setattr(metrics, "THREADS_ABOVE", 0)
     kw = dict(replicas=5, rate=60, num_requests=split.SPLIT_MIN + 500, seed=13)
     res = [servesim.simulate(threads=t, **kw) for t in (1, 2, 5)]
     assert res[0].to_json() == res[1].to_json() == res[2].to_json()

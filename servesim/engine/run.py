@@ -5,8 +5,8 @@ from .kernel import EngineOutput, simulate_pools
 from .lower import KernelInputs
 
 
-def threads_of(threads: int | None, replicas: int) -> int:
-    """The threads of a run (``--threads``; None: `split.default_threads`)."""
+def threads_of(threads: int | None, replicas: int | None = None) -> int:
+    """The threads of a run (``--threads``; None: `split.default_threads`, at most ``replicas``)."""
     if threads is None:
         from .split import default_threads
         return default_threads(replicas)

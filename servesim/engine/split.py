@@ -66,9 +66,11 @@ def share_cores(processes: int) -> None:
     SHARING = max(1, int(processes))
 
 
-def default_threads(replicas: int) -> int:
-    """``--threads`` when not given: this process's share of the usable cores, at most one per replica."""
-    return max(1, min(usable_cores() // SHARING, replicas))
+def default_threads(replicas: int | None = None) -> int:
+    """``--threads`` when not given: this process's share of the usable cores, at most one per replica
+    (``replicas``; None: the summary's series, `metrics.each`)."""
+    share = usable_cores() // SHARING
+    return max(1, share if replicas is None else min(share, replicas))
 
 
 def whole_reason(inputs: KernelInputs) -> str:
