@@ -65,3 +65,27 @@ def test_rows_of_several_tables_are_zero_padded_to_the_longest(lowered):
     for k, r in enumerate(rows):
         assert np.array_equal(t[k, :r.shape[0]], r) and not t[k, r.shape[0]:].any()
         assert np.array_equal(array_nb(t[k], F.tab_gemm), lowered[k].tab_gemm)
+
+
+def test_the_per_count_tables_price_every_step_as_the_direct_formulas(lowered):
+    """The step cost read from the lowered per-count tables (layer costs, the LM head by sampled rows) is,
+    float for float, the one computed without them (every table emptied: the direct path), for dense
+    TP, wide EP with DP attention and MoE; counts inside and beyond the tables, whole and fractional
+    sampled rows (a DP attention rank's share)."""
+    from servesim.costmodel.features import features
+    from servesim.costmodel.iteration import iteration_components_nb
+    empty = {f: np.zeros(0) for f in F.ARRAYS if f.startswith("tab_")}
+    rng = np.random.default_rng(3)
+    for p in lowered:
+        t, direct = table(p), table(p._replace(**empty))
+        fs = features(t)
+        assert array_nb(t, F.tab_lm).shape[0] > 0 and array_nb(direct, F.tab_lm).shape[0] == 0
+        for _ in range(300):
+            n_pf = float(rng.integers(0, 3))
+            tp_tok = float(rng.integers(1, 400)) * n_pf
+            n_dec = float(rng.integers(0 if n_pf else 1, 120))
+            n_logit = n_dec + (n_pf if rng.random() < 0.5 else rng.random() * n_pf)
+            ctx = float(rng.integers(0, 3000))
+            agg = (tp_tok, n_pf, n_logit, tp_tok * (ctx + 1.0), n_pf * ctx + tp_tok, n_dec,
+                   n_dec * float(rng.integers(1, 4000)))
+            assert iteration_components_nb(t, *fs, *agg) == iteration_components_nb(direct, *fs, *agg), agg

@@ -132,6 +132,8 @@ class CostParams(NamedTuple):
     tab_gemm: np.ndarray         # per (padded) token count m: all layers' GEMMs, elementwise kernels and
     tab_elem: np.ndarray         # all-reduces of one forward (layer_costs_nb), filled by lower()
     tab_comm: np.ndarray
+    tab_lm: np.ndarray           # per sampled rows: the LM head's seconds and HBM bytes
+    tab_lm_bytes: np.ndarray     # (iteration._lm_head_nb), filled by lower() too
 
 
 _types = get_type_hints(CostParams)

@@ -150,16 +150,16 @@ def _gemms_bytes_nb(p, m, ks, ns):
 
 
 @njit(inline="always", **JIT)
-def _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok):
+def _bytes_counts_nb(p, moe, ep, m, moe_tok):
     """The HBM bytes one step moves on a whole replica, the bytes the cost above prices, their terms
     that depend on the token counts alone: (every layer's GEMMs at the priced token count ``m``
     (weights once, activations in and out: ``gemm_bytes_nb``), for a MoE layer the routed experts the
     batch touches (``expected_experts_nb`` of them, each running its share of the m x top_k rows, as
-    ``_moe_nb`` prices them), the shared experts and the 16-bit router; the LM head on the sampled
-    rows). `_bytes_kv_nb` adds the elementwise kernels' bytes per token and attention's: the KV cache of
-    the prefill chunks and decodes and the queries and outputs of the step's tokens. Per GPU, summed
-    over the layers of every pipeline stage, times the TP group. ``moe_tok``: the tokens the MoE layers
-    route (m; with wide EP every DP rank's real tokens)."""
+    ``_moe_nb`` prices them), the shared experts and the 16-bit router; `_lm_head_nb` gives the LM
+    head's on the sampled rows). `_bytes_kv_nb` adds the elementwise kernels' bytes per token and
+    attention's: the KV cache of the prefill chunks and decodes and the queries and outputs of the
+    step's tokens. Per GPU, summed over the layers of every pipeline stage, times the TP group.
+    ``moe_tok``: the tokens the MoE layers route (m; with wide EP every DP rank's real tokens)."""
     attn = _gemms_bytes_nb(p, m, array_nb(p, F.attn_k), array_nb(p, F.attn_n))
     b = p[F.n_dense_layers] * (attn + _gemms_bytes_nb(p, m, array_nb(p, F.mlp_k), array_nb(p, F.mlp_n)))
     if moe is not None and p[F.n_moe_layers] > 0.0:
@@ -176,7 +176,14 @@ def _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok):
         router = gemm_bytes_nb(m, p[F.hidden], p[F.router_n], 2.0, 2.0)
         shared = _gemms_bytes_nb(p, m, array_nb(p, F.sh_k), array_nb(p, F.sh_n))
         b += p[F.n_moe_layers] * (attn + experts + shared + router)
-    return b, gemm_bytes_nb(n_logit, p[F.hidden], p[F.vocab_gpu], 2.0, 2.0)
+    return b
+
+
+@njit(inline="always", **JIT)
+def _lm_head_nb(p, n_logit):
+    """The LM head on the ``n_logit`` sampled rows (vocab-parallel, 16-bit): (seconds, HBM bytes)."""
+    return (_gemm16_nb(p, n_logit, p[F.hidden], p[F.vocab_gpu]),
+            gemm_bytes_nb(n_logit, p[F.hidden], p[F.vocab_gpu], 2.0, 2.0))
 
 
 @njit(inline="always", **JIT)
@@ -222,14 +229,21 @@ def layer_costs_nb(p, moe, ep, wo, m, graphed):
 
 @njit(**JIT)
 def layer_tables_nb(p, moe, ep, wo, n):
-    """layer_costs_nb for m = 0 .. n - 1 tokens (graphed where the engine captures m)."""
+    """For m = 0 .. n - 1: layer_costs_nb of m tokens (graphed where the engine captures m) and the LM head
+    on m sampled rows (`_lm_head_nb`: seconds, bytes); `counts_part_nb` reads them instead of
+    recomputing them (the same functions of the same values, so the same floats)."""
     tg = np.zeros(n)
     te = np.zeros(n)
     tc = np.zeros(n)
-    for m in range(1, n):
-        graphed = p[F.graph_mode] != GRAPH_NONE and m <= p[F.graph_max]
-        tg[m], te[m], tc[m] = layer_costs_nb(p, moe, ep, wo, float(m), graphed)
-    return tg, te, tc
+    tl = np.zeros(n)
+    tlb = np.zeros(n)
+    for m in range(n):
+        x = float(m)
+        tl[m], tlb[m] = _lm_head_nb(p, x)
+        if m > 0:
+            graphed = p[F.graph_mode] != GRAPH_NONE and m <= p[F.graph_max]
+            tg[m], te[m], tc[m] = layer_costs_nb(p, moe, ep, wo, x, graphed)
+    return tg, te, tc, tl, tlb
 
 
 @njit(inline="always", **JIT)
@@ -404,7 +418,14 @@ def counts_part_nb(p, moe, ep, wo, tp_tok, n_pf, n_logit, n_dec, moe_tok):
     else:
         moe_tok = m
     # LM head on the sampled rows (vocab-parallel, outside the graph) + gather of logits across TP
-    gemm += _gemm16_nb(p, n_logit, p[F.hidden], p[F.vocab_gpu])
+    tab_lm = array_nb(p, F.tab_lm)
+    li = int(n_logit)
+    if li < tab_lm.shape[0] and li == n_logit:
+        lm_s = tab_lm[li]
+        lm = array_nb(p, F.tab_lm_bytes)[li]
+    else:
+        lm_s, lm = _lm_head_nb(p, n_logit)
+    gemm += lm_s
     if p[F.tp] > 1.0 and n_logit > 0.0:
         comm_tp += p[F.coll_base] + reduce_scatter_time_nb(n_logit * p[F.vocab_gpu] * p[F.tp] * 4.0, p[F.tp],
                                                            p[F.tp_bw], p[F.tp_alpha])
@@ -417,7 +438,7 @@ def counts_part_nb(p, moe, ep, wo, tp_tok, n_pf, n_logit, n_dec, moe_tok):
         cpu += 2.0 * n_layers * p[F.ar_eager]    # host time of each eager call of the engine's all-reduce
     host = p[F.overhead] + p[F.overhead_seq] * seqs
     flops_w = 2.0 * p[F.active_params_gpu] * p[F.tp] * p[F.pp] * tokens    # (flops_nb's first term)
-    b, lm = _bytes_counts_nb(p, moe, ep, m, n_logit, moe_tok)
+    b = _bytes_counts_nb(p, moe, ep, m, moe_tok)
     return m, gemm, elem, comm_tp, send, cpu, host, flops_w, b, lm, tokens, seqs
 
 

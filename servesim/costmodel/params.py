@@ -271,11 +271,12 @@ def lower(model, hw, layout: Layout, engine, max_num_seqs: int = 256, max_tokens
         moe_tile_keys=_arr(tiles[0]), moe_tile_m=_arr(tiles[1]), moe_tile_n=_arr(tiles[2]), moe_tile_k=_arr(tiles[3]),
         graph_sizes=np.ascontiguousarray(graph_sizes, dtype=np.float64),
         skew_grid=skew[0], skew_pairs=skew[1], skew_touched=skew[2],
-        tab_gemm=np.zeros(0), tab_elem=np.zeros(0), tab_comm=np.zeros(0),
+        tab_gemm=np.zeros(0), tab_elem=np.zeros(0), tab_comm=np.zeros(0), tab_lm=np.zeros(0),
+        tab_lm_bytes=np.zeros(0),
     )
     from .iteration import layer_tables_nb
     n_tab = min(max(int(max_tokens), int(max_num_seqs), 1), TABLE_MAX_TOKENS) + 1
     t = table(p)
     fs = features(t)
-    tg, te, tc = layer_tables_nb(t, fs.moe, fs.ep, fs.wo, n_tab)
-    return p._replace(tab_gemm=tg, tab_elem=te, tab_comm=tc)
+    tg, te, tc, tl, tlb = layer_tables_nb(t, fs.moe, fs.ep, fs.wo, n_tab)
+    return p._replace(tab_gemm=tg, tab_elem=te, tab_comm=tc, tab_lm=tl, tab_lm_bytes=tlb)
