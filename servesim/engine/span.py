@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 from . import codes as C
@@ -50,6 +51,25 @@ def gap_bin_nb(gap):
     if x >= C.GAP_BINS:
         return C.GAP_BINS - 1
     return int(x)
+
+
+# the bins' edges, 10 ** (GAP_LOG10_MIN + b (GAP_LOG10_MAX - GAP_LOG10_MIN) / GAP_BINS) for b = 0 ..
+# GAP_BINS (NumPy's power: within an ulp or two of the exact edges), and how far inside a bin's edges,
+# relative to the gap, `gap_bin_near_nb` takes a gap to be in it
+GAP_EDGES = 10.0 ** (C.GAP_LOG10_MIN
+                     + np.arange(C.GAP_BINS + 1) * ((C.GAP_LOG10_MAX - C.GAP_LOG10_MIN) / C.GAP_BINS))
+GAP_SLACK = 1e-9
+
+
+@njit(**HANDLER)
+def gap_bin_near_nb(gap, b):
+    """`gap_bin_nb` of ``gap``, without its log10 when the gap lies inside bin ``b`` (a guess: the bin of
+    the span's gap before) by more than GAP_SLACK of itself from both edges. There log10(gap) is over
+    4e-10 inside the bin in log space, x in `gap_bin_nb` over 2e-7 inside (b, b + 1), and the rounding
+    of log10, of the edges and of the bin's arithmetic (~1e-12 in x) cannot take it out: the same bin."""
+    if gap > GAP_EDGES[b] * (1.0 + GAP_SLACK) and gap < GAP_EDGES[b + 1] * (1.0 - GAP_SLACK):
+        return b
+    return gap_bin_nb(gap)
 
 
 @njit(**HANDLER)
@@ -181,8 +201,10 @@ def span_complete_nb(cfg, sp, gap_hist, r, now):
     e = sp.row.n_epochs[r] - 1
     if gap > sp.e_max[r, e]:
         sp.e_max[r, e] = gap
-    if sp.row.n_warm[r] > 0:
-        gap_hist[gap_bin_nb(gap)] += sp.row.n_warm[r]
+    if sp.row.n_warm[r] > 0:    # (the gaps of a span change little: most fall in the bin before)
+        b = gap_bin_near_nb(gap, sp.row.gap_bin[r])
+        sp.row.gap_bin[r] = b
+        gap_hist[b] += sp.row.n_warm[r]
     sp.row.t_last[r] = now
     sp.row.done[r] += 1
 

@@ -331,6 +331,7 @@ span_dtype = np.dtype([
     ("n_warm", np.int64),           # members whose gaps go to the histogram (arrived after the warm-up)
     ("t_last", np.float64),         # the members' last token (the span's last completion)
     ("n_epochs", np.int64),
+    ("gap_bin", np.int64),          # the histogram bin of its latest gap (span.gap_bin_near_nb's guess)
 ])
 
 
