@@ -1,6 +1,6 @@
 """Where the time of the standard case goes (experiments/bench_speed.py's run), phase by phase.
 
-    python experiments/profile_speed.py [--requests 1000000] [--no-fast-forward] [--cpu] [--runs 2]
+    python experiments/profile_speed.py [--requests 1000000] [--no-fast-forward] [--cpu] [--runs 2] [--threads 1]
 
 Times each stage of one `servesim.simulate` of the standard case (llama-3.1-8b on h100-sxm, 4 replicas,
 chat at 80% of the simulated capacity) with a warm numba cache, best of two runs: workload sampling,
@@ -10,7 +10,9 @@ iterations run as decode spans (engine/span.py); and times one call of the step 
 kernel is the cost model. The kernel's time includes the allocation of its state and the gathering of
 its records; the event loop's own (`kernel.run_nb`) is given under it. ``--cpu``: each phase's CPU
 time (this thread's, `time.thread_time`) instead of wall time, steadier on a machine shared with
-other jobs.
+other jobs. The run is the whole run's loop on one thread (``--threads 1``, the default here); with
+more a run splits into sub-runs on other threads (engine/split.py), which this thread's clock and the
+event loop's timer do not see (experiments/bench_threads.py times those runs).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import time
 import servesim
 import servesim.api as api
 import servesim.engine.kernel as kernel
+from servesim.options import options
 
 
 def cost_call_ns(params, calls: int = 1_000_000) -> float:
@@ -55,6 +58,9 @@ def main():
     ap.add_argument("--no-fast-forward", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="CPU time of this thread instead of wall time")
     ap.add_argument("--runs", type=int, default=2, help="timed runs; the quickest is reported")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="the run's threads (default 1: the whole run's loop, timed here; more split it, "
+                         "engine/split.py, and the phases then time this thread alone)")
     args = ap.parse_args()
     clock = time.thread_time if args.cpu else time.perf_counter
     cap = servesim.simulate(replicas=4, offline=True, num_requests=20000, seed=1).summary
@@ -81,8 +87,9 @@ def main():
     for _ in range(args.runs):
         phases.clear()
         t0 = clock()
+        kw = {"threads": args.threads} if "threads" in options() else {}     # (a tree before --threads: one)
         res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0,
-                                fast_forward=not args.no_fast_forward)
+                                fast_forward=not args.no_fast_forward, **kw)
         wall = clock() - t0
         if best is None or wall < best[0]:
             best = (wall, dict(phases))
