@@ -190,9 +190,9 @@ def ensure_fresh() -> None:
 
 # ------------------------------------------------------------------ the cold-compile notice
 # CPU seconds of a plain run's cold compile on this project's 2-core machine
-# (experiments/compile_times.py; the figures in experiments/results/compile_times.md; 12.2-13.0 s,
-# medians of 3, at load average 1.5-3.9 from other jobs, README Speed, 2026-12-06).
-COLD_COMPILE_S = 13
+# (experiments/compile_times.py; the figures in experiments/results/compile_times.md; 12.1-14.0 s,
+# medians of 3-4 pairs, at load average 2.1-2.9 from other jobs, README Speed, 2026-12-06, session 2).
+COLD_COMPILE_S = 12
 NOTICE = "compiling the simulator (first run only, about {s} s)"
 _notice = {"installed": False, "said": False}
 
