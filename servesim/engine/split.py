@@ -36,7 +36,7 @@ from . import codes as C
 from ..jit import JIT
 from .events import log_iteration_nb
 from .kernel import RUN_PAUSED, end_run_nb, kernel_features, cost_inputs, new_run, run_nb, run_totals
-from .lower import KernelInputs, no_chains
+from .lower import KernelInputs
 from .nextevent import first_nb, new_tree, set_time_nb
 from .state import (
     INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, log_dtype, new_counters, new_log, output_columns, pool_stats_of,
@@ -45,6 +45,7 @@ from .state import (
 
 SUB_LOG = 1 << 17           # a window's log, shared by the sub-runs (a row each; 48 B an iteration)
 WINDOW = 1 << 14            # requests arriving per window of the lock-step advance
+GATHER = 1 << 16            # a sub-run's records gathered into the run's columns this many at a time
 SPLIT_MIN = 2000            # fewer requests run whole: the split's fixed costs would not pay off
 
 
@@ -116,7 +117,10 @@ def sub_inputs(inputs: KernelInputs, r: int, idx: np.ndarray) -> KernelInputs:
     spec = inputs.spec
     if spec is not None:
         spec = spec._replace(start=spec.start[idx])
-    chains = no_chains(idx.shape[0], think=inputs.chains.think[idx])
+    # (no session turns and no chain listing a block: the whole run's chain arrays hold the same value
+    # at every request, so every sub-run reads a prefix of them, not a copy)
+    m, ch = idx.shape[0], inputs.chains
+    chains = ch._replace(start=ch.start[:m], length=ch.length[:m], next_turn=ch.next_turn[:m], think=ch.think[:m])
     return KernelInputs((inputs.ps[k],), cfg, one, inputs.arrival[idx], inputs.prompt[idx], inputs.output[idx],
                         inputs.u1[idx], inputs.u2[idx], chains, spec,
                         None if inputs.dps is None else (inputs.dps[k],))
@@ -211,6 +215,7 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
     # each replica's requests in index order (a radix sort: replica numbers fit 16 bits)
     order = np.argsort(rep.astype(np.int16) if R < 1 << 15 else rep, kind="stable")
     cuts = np.searchsorted(rep[order], np.arange(R + 1))
+    del rep
     log, ctr = new_log(cfg.log_size), new_counters(cfg, 0)     # the whole run's log and its counters
     keys, tree = new_tree(R)
     # the windows' logs, a row per replica: two, alternating (one is merged while the next is filled)
@@ -250,10 +255,11 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
         def finish(s: SubRun):
             st = s.state
             end_run_nb(st.cfg, st.rq, st.rp, st.sp, st.stats, now)
-            sub = output_columns(st.rq, OUTPUT_FIELDS)
-            sub["replica"][sub["replica"] >= 0] = s.r
-            for name in OUTPUT_FIELDS:
-                cols[name][s.idx] = sub[name]
+            for a in range(0, s.idx.shape[0], GATHER):     # (in slices: no second copy of every column)
+                sub = output_columns(st.rq[a:a + GATHER], OUTPUT_FIELDS)
+                sub["replica"][sub["replica"] >= 0] = s.r
+                for name in OUTPUT_FIELDS:
+                    cols[name][s.idx[a:a + GATHER]] = sub[name]
 
         list(ex.map(finish, subs))
     stats = np.concatenate([s.state.stats for s in subs])
