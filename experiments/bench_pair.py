@@ -2,7 +2,6 @@
 another checkout (e.g. with /usr/bin/time -v).
 
     python experiments/bench_pair.py [--requests 1000000] [--no-fast-forward] [--prefix] [--stream]
-                                     [--threads N] [--rate R]
 
 The standard case of experiments/bench_speed.py (llama-3.1-8b on h100-sxm, 4 replicas, the chat
 workload at 80% of the deployment's simulated capacity), run once with a warm numba cache; prints
@@ -10,19 +9,13 @@ simulated requests per second of the timed run (sampling + kernel + metrics). ``
 prefix-cache path instead (the golden `prefix` scenario's shape: 4 system prompts of 512 tokens x 10
 users, 2 replicas of 600 KV blocks, a 2 GiB CPU tier, prefix-aware routing, 9 req/s: evictions on
 every replica). ``--stream``: the standard case streamed (`--stream`: in chunks, in bounded memory).
-``--threads``: simulate's ``--threads`` (engine/split.py; ignored by a checkout without it); ``--rate``:
-the standard case's rate given (no capacity run), e.g. 71.677 (80% of the capacity the capacity run
-finds, 2026-12-06). Also prints the timed run's CPU seconds (this process's, every thread) and a
-hash of its summary, so runs with other threads or checkouts can be seen to give the same results.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import time
 
 import servesim
-from servesim.options import options
 
 
 def main():
@@ -31,14 +24,10 @@ def main():
     ap.add_argument("--no-fast-forward", action="store_true", help="the step-by-step loop (engine/span.py)")
     ap.add_argument("--prefix", action="store_true", help="the prefix-cache path under KV pressure")
     ap.add_argument("--stream", action="store_true", help="the standard case streamed (bounded memory)")
-    ap.add_argument("--threads", type=int, default=None, help="simulate's --threads (default: servesim's)")
-    ap.add_argument("--rate", type=float, default=None, help="req/s of the standard case (default: 80%% of capacity)")
     args = ap.parse_args()
     ff = {"fast_forward": False} if args.no_fast_forward else {}
     if args.stream:
         ff["stream"] = True
-    if args.threads is not None and "threads" in options():
-        ff["threads"] = args.threads
     if args.prefix:
         kw = dict(num_system_prompts=4, users_per_system_prompt=10, system_prompt_len=512, cpu_kv_gib=2.0,
                   router="prefix-aware", replicas=2, num_gpu_blocks=600, rate=9.0, num_requests=args.requests, seed=0)
@@ -49,16 +38,13 @@ def main():
         print(f"{args.requests / wall:,.0f} simulated requests/s ({wall:.2f} s; hit rate {pc['hit_rate']:.3f}, "
               f"evictions {pc['evictions']})")
         return
-    rate = args.rate
-    if rate is None:
-        cap = servesim.simulate(replicas=4, offline=True, num_requests=20000, seed=1).summary
-        rate = 0.8 * cap["throughput"]["requests_per_s"]
-    t0, c0 = time.perf_counter(), time.process_time()
+    cap = servesim.simulate(replicas=4, offline=True, num_requests=20000, seed=1).summary
+    rate = 0.8 * cap["throughput"]["requests_per_s"]
+    t0 = time.perf_counter()
     res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0, **ff)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    digest = hashlib.sha256(res.to_json().encode()).hexdigest()[:16]
+    wall = time.perf_counter() - t0
     print(f"{args.requests / wall:,.0f} simulated requests/s ({res.summary['iterations']:,} iterations in {wall:.2f} s, "
-          f"{cpu:.2f} CPU s, rate {rate:.3f} req/s, threads {ff.get('threads', 'default')}; summary sha256 {digest})")
+          f"rate {rate:.1f} req/s)")
 
 
 if __name__ == "__main__":
