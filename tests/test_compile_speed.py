@@ -263,3 +263,15 @@ def test_numba_left_as_it_is_when_the_environment_says_0(monkeypatch):
     monkeypatch.setenv(nf.PATCHES_ENV, "yes")
     with pytest.raises(ConfigError, match="SERVESIM_NUMBA_PATCHES = 'yes': use 1 .* or 0"):
         nf.patches_wanted()
+
+
+def test_a_bad_value_is_one_line_and_exit_2_from_the_cli():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, **{nf.PATCHES_ENV: "yes"})
+    r = subprocess.run([sys.executable, "-m", "servesim", "simulate", "--num-requests", "10"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == ["servesim: error: SERVESIM_NUMBA_PATCHES = 'yes': use 1 (numba patched to "
+                                     "compile faster, the default) or 0 (numba left as it is)"]
