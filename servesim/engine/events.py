@@ -20,7 +20,8 @@ from .jit import HANDLER
 from .nextevent import set_time_nb
 from .prefix import blocks_for_nb, lookup_nb, register_nb, release_nb, take_nb
 from .span import gap_bin_nb, leave_nb, span_complete_nb, span_joins_nb, span_next_nb, span_quick_nb
-from .schedule import admit_nb, continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb, static_batch_nb
+from .schedule import (admit_nb, async_cutoff_nb, continuous_batch_nb, drop_running_nb, push_back_nb, push_front_nb,
+                       static_batch_nb)
 from .state import (
     ENDED, HELD_HEAD, HELD_TAIL, INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, ROUTED, ROUTED_D, SENT, STAT_ATTN,
     STAT_BUSY, STAT_ITERATIONS, STAT_PREEMPTIONS, STAT_BYTES, STAT_COMM, STAT_ELEM, STAT_FLOPS, STAT_GEMM, STAT_INFLIGHT_TIME, STAT_KV_MAX,
@@ -406,18 +407,20 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
 
 
 @njit(inline="always", **HANDLER)
-def span_decide_nb(ps, fs, cfg, rp, sp, r):
+def span_decide_nb(ps, fs, cfg, pools, rq, rp, sp, r):
     """`schedule_nb`'s most common decision, inlined in the loop (a call of `schedule_nb` passes ~300
-    words of arguments): replica r's span goes on (`span.span_quick_nb`) and nothing waits, so the
-    batch is the span's members alone, priced from their count and KV as `price_nb` prices them, the
-    terms of the count kept from the pool's earlier steps (`costmodel.iteration.decode_cost_nb`).
-    Returns `price_nb`'s tuple, or its first member -1, with nothing changed, when that is not the
-    case: `schedule_nb` decides (and only it begins a span, where spans run: fast-forward on, no
+    words of arguments): replica r's span goes on (`span.span_quick_nb`) and nothing it could admit
+    waits (none waits, or with async scheduling the first waiting arrived after the step now ending
+    was launched, `schedule.async_cutoff_nb`, where `admit_nb` stops at once), so the batch is the
+    span's members alone, priced from their count and KV as `price_nb` prices them, the terms of the
+    count kept from the pool's earlier steps (`costmodel.iteration.decode_cost_nb`). Returns
+    `price_nb`'s tuple, or its first member -1, with nothing changed, when that is not the case:
+    `schedule_nb` decides (and only it begins a span, where spans run: fast-forward on, no
     speculative decoding, not static batching)."""
     kv = -1
-    if rp.row.n_waiting[r] == 0:
-        kv = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
     n = sp.row.n[r]
+    if rp.row.n_waiting[r] == 0 or rq.arrival[rp.row.q_head[r]] > async_cutoff_nb(ps, cfg, pools, rp, r, n):
+        kv = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
     pl = rp.row.pool[r]
     if kv < 0:
         return -1, n, 0.0, IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0

@@ -212,7 +212,7 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
         else:
             # a scheduling decision prices a micro-batch (a decode span's iteration alone in the loop,
             # else `schedule_nb`), and the loop launches it
-            priced = span_decide_nb(ps, fs, cfg, rp, sp, r)
+            priced = span_decide_nb(ps, fs, cfg, pools, rq, rp, sp, r)
             if priced[0] < 0:
                 priced = schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, prefix, r, now, spec,
                                      dps, sp, pad)

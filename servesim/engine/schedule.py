@@ -263,6 +263,17 @@ def continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats,
     return nb, swap_s
 
 
+@njit(inline="always", **HANDLER)
+def async_cutoff_nb(ps, cfg, pools, rp, r, nb):
+    """The latest arrival a step of replica r with ``nb`` members before its admissions may admit: with
+    async scheduling (vLLM V1, host work overlapping the GPU, one stage) and members, the launch of
+    the step now ending (it was planned then: POOLS.md); else inf."""
+    pl = rp.row.pool[r]
+    if cfg.policy == C.VLLM and ps[pl, F.host_overlap] > 0.0 and pools.row.pp[pl] == 1 and nb > 0:
+        return rp.slot_start[r * cfg.pp]
+    return math.inf
+
+
 @njit(**HANDLER)
 def admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
     """Admit waiting requests in FCFS order into the step's members after its first ``nb`` (``budget``
@@ -276,9 +287,7 @@ def admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, n
     b_req, b_chunk = step.req, step.chunk
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
     status, n_waiting, q_head = rq.status, rp.row.n_waiting, rp.row.q_head
-    cutoff = math.inf
-    if pol == C.VLLM and ps[rp.row.pool[r], F.host_overlap] > 0.0 and pools.row.pp[rp.row.pool[r]] == 1 and nb > 0:
-        cutoff = rp.slot_start[r * cfg.pp]
+    cutoff = async_cutoff_nb(ps, cfg, pools, rp, r, nb)
     while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
         i = q_head[r]
         if rq.arrival[i] > cutoff:

@@ -835,6 +835,14 @@ class ReferenceSimulator:
             # requests it freed blocks for may be admitted now
             self.wake(rep, self.now)
 
+    def async_cutoff(self, rep: Replica, step: "Step") -> float:
+        """Async scheduling (POOLS.md): while the step has running members, a request that arrived after
+        the launch of the step now ending waits for the next one; the latest arrival it may admit."""
+        if (self.cfg.policy == C.VLLM and self.ps[rep.pool].host_overlap > 0.0 and rep.stages == 1
+                and step.members):
+            return rep.last_start
+        return INF
+
     def admit(self, rep: Replica, head: Request, hit, step: "Step", private: int):
         """Move the head of the waiting queue to the running list with its prefix hit and `private`
         new blocks."""
@@ -925,11 +933,7 @@ class ReferenceSimulator:
                 step.add(req, chunk, tokens)
         if decode_only or step.preempted or step.stalled:
             return
-        # async scheduling (POOLS.md): while the step has running members, a request that arrived
-        # after the launch of the step now ending waits for the next one
-        cutoff = INF
-        if pol == C.VLLM and self.ps[rep.pool].host_overlap > 0.0 and rep.stages == 1 and step.members:
-            cutoff = rep.last_start
+        cutoff = self.async_cutoff(rep, step)
         while rep.waiting and len(rep.running) < B and len(step.members) < B and step.budget > 0:
             head = rep.waiting[0]
             if head.arrival > cutoff:
