@@ -67,10 +67,12 @@ def test_the_decimated_log_over_many_windows_and_drains(monkeypatch, log_size):
     assert_same_output(whole, split.simulate_split(inputs, 2))
 
 
-def test_a_short_split_run(monkeypatch):
+@pytest.mark.parametrize("kw", [dict(router="random"), dict(speculative="eagle:k=2:acceptance=0.6")],
+                         ids=["random", "round-robin, speculative"])
+def test_a_short_split_run(monkeypatch, kw):
     """A short run through every part of the split (windows, drains, a halving log, the API's --threads),
     quick enough for the CI's run with the JIT off (.ci/run: the kernel's Python under coverage)."""
-    inputs = _inputs(monkeypatch, replicas=3, router="random", rate=30, num_requests=150, osl=20, seed=17)
+    inputs = _inputs(monkeypatch, replicas=3, rate=30, num_requests=150, osl=20, seed=17, **kw)
     monkeypatch.setattr(split, "SPLIT_MIN", 100)
     monkeypatch.setattr(split, "WINDOW", 40)
     monkeypatch.setattr(split, "SUB_LOG", 16)
