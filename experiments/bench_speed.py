@@ -4,7 +4,10 @@ llama-3.1-8b on h100-sxm, 4 replicas, vllm policy, chat workload at ~80% of capa
 1,000,000 requests. Prints simulated requests per wall-clock second, iterations per second,
 the first-call (compiling) time and a cached start of `servesim simulate` with 10,000 requests.
 
-    python experiments/bench_speed.py [--requests 1000000]
+    python experiments/bench_speed.py [--requests 1000000] [--threads N]
+
+``--threads``: simulate's ``--threads`` for the timed runs (default: servesim's, the usable cores at most
+the 4 replicas; engine/split.py).
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ def main():
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--load", type=float, default=0.8, help="fraction of capacity")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs; the best is reported")
+    ap.add_argument("--threads", type=int, default=None, help="simulate's --threads (default: servesim's)")
     args = ap.parse_args()
     cold = cold_compile_seconds()
     import servesim
@@ -58,7 +62,8 @@ def main():
     walls = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0)
+        res = servesim.simulate(replicas=4, rate=rate, num_requests=args.requests, seed=0,
+                                **({} if args.threads is None else {"threads": args.threads}))
         walls.append(time.perf_counter() - t0)
     s = res.summary
     t_kernel = min(walls)
@@ -68,7 +73,7 @@ def main():
     print(f"requests                 {args.requests:,}")
     print(f"iterations               {s['iterations']:,}")
     print(f"wall time per run        best {t_kernel:.2f} s, all: {', '.join(f'{w:.2f}' for w in walls)} s "
-          f"(workload sampling + kernel + metrics)")
+          f"(workload sampling + kernel + metrics; threads {args.threads or 'default'})")
     print(f"simulated requests/s     {args.requests / t_kernel:,.0f}")
     print(f"iterations/s             {s['iterations'] / t_kernel:,.0f}")
     print(f"first call, cold cache   {cold:.2f} s (fresh interpreter, compile + 100 requests)")
