@@ -39,8 +39,8 @@ from .kernel import RUN_PAUSED, end_run_nb, kernel_features, cost_inputs, new_ru
 from .lower import KernelInputs
 from .nextevent import first_nb, new_tree, set_time_nb
 from .state import (
-    INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, OUTPUT_FIELDS, TRANSFER_FIELDS, EngineOutput, Pools, log_dtype, new_counters, new_log, output_columns, pool_stats_of,
-    request_dtype, request_template,
+    INF, ITERATIONS, LOG_COUNT, LOG_STRIDE, OUTPUT_FIELDS, EngineOutput, Pools, log_dtype, new_counters, new_log, output_columns, output_of,
+    pool_stats_of, request_dtype,
 )
 
 SUB_LOG = 1 << 17           # a window's log, shared by the sub-runs (a row each; 48 B an iteration)
@@ -268,11 +268,5 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
     prefix = np.zeros(C.N_PREFIX)
     for s in subs:          # (counts: integers, exact in any order)
         prefix += s.state.prefix
-    start = request_template()[0]
-    xfer = {name: np.broadcast_to(start[name], inputs.prompt.shape) for name in TRANSFER_FIELDS}
-    k, lg = int(ctr[LOG_COUNT]), log
-    return EngineOutput(cols["arrival"], cols["scheduled"], cols["first_token"], cols["finish"], cols["preemptions"],
-                        cols["replica"], cols["status"], cols["max_gap"], gap_hist, lg.time[:k].copy(),
-                        lg.replica[:k].copy(), lg.seqs[:k].copy(), lg.tokens[:k].copy(), lg.kv_blocks[:k].copy(),
-                        lg.waiting[:k].copy(), k, run_totals(pool_stats), pool_stats, prefix, xfer["xfer_start"],
-                        xfer["xfer_end"], xfer["pf_replica"], int(sum(int(s.state.sp.count[0]) for s in subs)))
+    return output_of(cols, log, ctr, gap_hist, run_totals(pool_stats), pool_stats, prefix,
+                     int(sum(int(s.state.sp.count[0]) for s in subs)))

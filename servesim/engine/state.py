@@ -536,15 +536,20 @@ def gather_nb(rq, arrival, scheduled, first_token, finish, preemptions, replica,
 
 def engine_output(rq, log, ctr, gap_hist, stats, pool_stats, prefix, transfers: bool = True):
     """The run's EngineOutput. Without KV transfers (``transfers`` False: no decode pool) the transfer
-    fields hold their initial values everywhere and are given as read-only views of that one value,
-    not gathered: a million requests' peak memory is then 24 MB lower."""
-    k = int(ctr[LOG_COUNT])
+    fields are not gathered (`output_of`): a million requests' peak memory is then 24 MB lower."""
     f = output_columns(rq, OUTPUT_FIELDS + (TRANSFER_FIELDS if transfers else ()))
-    if not transfers:
-        start = request_template()[0]
-        f.update((name, np.broadcast_to(start[name], rq.shape)) for name in TRANSFER_FIELDS)
+    return output_of(f, log, ctr, gap_hist, stats, pool_stats, prefix)
+
+
+def output_of(f: dict, log, ctr, gap_hist, stats, pool_stats, prefix, span_iterations: int = 0) -> EngineOutput:
+    """The EngineOutput of a run's gathered columns ``f`` (OUTPUT_FIELDS, and TRANSFER_FIELDS where the
+    run has KV transfers: a transfer field not in ``f`` holds its initial value everywhere, given as a
+    read-only view of that one value) and its log (``log``, counters ``ctr``)."""
+    k = int(ctr[LOG_COUNT])
+    start = request_template()[0]
+    f = {**{name: np.broadcast_to(start[name], f["arrival"].shape) for name in TRANSFER_FIELDS if name not in f}, **f}
     return EngineOutput(f["arrival"], f["scheduled"], f["first_token"], f["finish"], f["preemptions"], f["replica"],
                         f["status"], f["max_gap"], gap_hist, log.time[:k].copy(), log.replica[:k].copy(),
                         log.seqs[:k].copy(), log.tokens[:k].copy(), log.kv_blocks[:k].copy(),
                         log.waiting[:k].copy(), k, stats, pool_stats, prefix, f["xfer_start"], f["xfer_end"],
-                        f["pf_replica"])
+                        f["pf_replica"], span_iterations)
