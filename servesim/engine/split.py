@@ -230,7 +230,6 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
                 rows[r, :counts[r]] = np.concatenate(full + [recs[r, :n]])
             recs = rows
         merge_log_nb(recs, counts, keys, tree, log, ctr)
-        return int(counts.max()), any(full for full, _ in got)
 
     win = Windows(inputs.arrival, cap)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="servesim-split") as ex:
