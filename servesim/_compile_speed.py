@@ -24,7 +24,7 @@ the end of compiling a servesim function (numba's "numba:compile" event, outermo
 generation's threshold is `COMPILE_GC_THRESHOLD`; it is put back after. Garbage is still collected,
 in larger batches: the peak memory of a cold first simulate rises by ~20 MiB.
 
-The next four act only while a servesim function compiles (the same event, outermost).
+The next five act only while a servesim function compiles (the same event, outermost).
 
 **A call's type found once per compile** (`cache_call_types`). numba types a call of a function
 type (`a[i]`, `x + y`, `min(a, b)`, `np.empty(n)`) by trying its overload templates in turn
@@ -54,6 +54,18 @@ is not slower (README, Speed).
 memo, so the callee's whole scope (every variable) is copied again for each block: O(blocks x
 variables) for the engine's large inlined handlers. The blocks are copied in one deep copy instead,
 so the scope once; the copies are equal, and numba renames their variables in the caller as before.
+
+**Machine code made when first needed** (`defer_machine_code`). numba turns each library's final
+module into machine code as soon as it is optimised (`CPUCodeLibrary._finalize_final_module`), though
+most are never run: the engine's handlers, and numba's own overload implementations, have no Python
+entry point, and each caller links their optimised IR into its own module and calls its own copy.
+While a servesim function compiles, the library of the function compiling innermost (or one read
+from the cache's bitcode) is optimised and checked as before, and its machine code made only when a
+pointer to one of its functions is asked for (a Python entry point) or its object code; the cache
+then keeps its bitcode (numba's other kind of entry, which numba reads the same way, compiling it when
+loaded). An environment numba sets in a library not compiled yet is set in the first module added
+that defines it. A cold first simulate compiles 18 of its 74 libraries instead of all: machine code
+1.7 -> 0.9 CPU s (`experiments/compile_phases.py`).
 
 All of them together: a cold first simulate 17.8 -> 12.1 CPU s (medians of 4 alternating runs each,
 under other jobs' load; README, Speed).
@@ -150,6 +162,7 @@ COMPILE_GC_THRESHOLD = 50_000
 # threshold to put back, whether it is servesim's, and the call types found in it
 _state = {"installed": False, "depth": 0, "saved": None, "servesim": False, "gc": False}
 _call_types: dict = {}
+_compiling_now: list = []     # the functions compiling, innermost last
 
 
 def _listen() -> None:
@@ -165,9 +178,10 @@ def _listen() -> None:
     class _Compilations(event.Listener):
         def on_start(self, ev):
             _state["depth"] += 1
+            func = getattr(ev.data.get("dispatcher"), "py_func", None)
+            _compiling_now.append(func)
             if _state["depth"] != 1:
                 return
-            func = getattr(ev.data.get("dispatcher"), "py_func", None)
             if not (getattr(func, "__module__", None) or "").startswith("servesim."):
                 return
             _state["servesim"] = True
@@ -178,6 +192,7 @@ def _listen() -> None:
 
         def on_end(self, ev):
             _state["depth"] -= 1
+            _compiling_now.pop()
             if _state["depth"] != 0:
                 return
             _state["servesim"] = False
@@ -332,6 +347,153 @@ def copy_inlined_blocks_once() -> bool:
     return True
 
 
+# ------------------------------------------------------------------ machine code made when first needed
+_deferred_globals = None        # a global variable (an environment) a deferred library defines -> the library
+_pending_envs = None            # such a global's name -> numba's Environment, set when a module defining it is added
+_loading_bitcode: list = []     # a cached library read from bitcode while a servesim function compiles
+# numba 0.68's code the patch below relies on, by function
+_NUMBAS = {"_finalize_final_module": ("self._finalize_dynamic_globals()", "self._verify_declare_only_symbols()",
+                                      "self._codegen._add_module(self._final_module)", "self._finalize_specific()",
+                                      "self._finalized = True"),
+           "serialize_using_object_code": ("self._get_compiled_object()",),
+           "_unserialize": ("if kind == 'bitcode':", "self._final_module = ll.parse_bitcode(data)",
+                            "self._finalize_final_module()"),
+           "get_pointer_to_function": ("ee.is_symbol_defined(name)",),
+           "set_env": ("self._engine.get_global_value_address(env_name)",)}
+
+
+def _is_deferred(lib) -> bool:
+    return lib.__dict__.get("_servesim_deferred", False)
+
+
+def _defines(lib, name: str) -> bool:
+    try:
+        return not lib._final_module.get_function(name).is_declaration
+    except NameError:
+        return False
+
+
+def _may_defer(lib) -> bool:
+    """Whether `lib` is the library of the servesim function compiling innermost (numba names it after
+    the function's qualified name), or one read from the cache's bitcode while a servesim function
+    compiles, and nothing waits for a symbol at run time (numba's recursion stubs)."""
+    from numba.core import config
+    if (not _state["servesim"] or config.DUMP_OPTIMIZED or config.DUMP_ASSEMBLY
+            or getattr(lib._codegen, "_rtlinker", None) is None or lib._codegen._rtlinker._unresolved):
+        return False
+    if _loading_bitcode:
+        return True
+    func = _compiling_now[-1] if _compiling_now else None
+    return func is not None and lib.name == getattr(func, "__qualname__", None)
+
+
+def defer_machine_code() -> bool:
+    """While a servesim function compiles, its library's final module is optimised and checked as
+    before but turned into machine code only when a pointer to one of its functions is asked for
+    (or its object code); a cache entry of a library not yet compiled holds its bitcode (numba's
+    other kind of entry). Returns whether it is installed."""
+    global _deferred_globals, _pending_envs
+    import weakref
+
+    from numba.core import codegen
+    from numba.core.compiler_lock import global_compiler_lock
+    lib, cg = codegen.JITCodeLibrary, codegen.JITCPUCodegen
+    final = lib._finalize_final_module
+    if getattr(final, "_servesim", False):
+        return True
+    numbas = {name: getattr(lib if name != "set_env" else cg, name) for name in _NUMBAS}
+    for name, parts in _NUMBAS.items():
+        src = _source(numbas[name])
+        if not all(part in src for part in parts):
+            return False
+    prefix = getattr(codegen.RuntimeLinker, "PREFIX", None)
+    if prefix is None:
+        return False
+    numbas_final, numbas_pointer = final, lib.get_pointer_to_function
+    numbas_object, numbas_serialize = lib._get_compiled_object, lib.serialize_using_object_code
+    numbas_env, numbas_load = cg.set_env, cg.unserialize_library
+    _deferred_globals, _pending_envs = weakref.WeakValueDictionary(), weakref.WeakValueDictionary()
+
+    def set_pending_envs(self):
+        if not _pending_envs:
+            return
+        for gv in self._final_module.global_variables:
+            env = _pending_envs.pop(gv.name, None)
+            if env is not None:
+                numbas_env(self._codegen, gv.name, env)
+
+    def make_machine_code(self):
+        """numba's finalising of a deferred library, now."""
+        with global_compiler_lock:
+            if not _is_deferred(self):
+                return
+            self._servesim_deferred = False
+            self._dynamic_globals = []          # (numba's scan again)
+            numbas_final(self)
+            set_pending_envs(self)
+            for gv in self._final_module.global_variables:
+                _deferred_globals.pop(gv.name, None)
+
+    def _finalize_final_module(self):
+        module = self._final_module
+        if any(gv.name.startswith(prefix) for gv in module.global_variables):
+            for other in list(_deferred_globals.values()):
+                make_machine_code(other)       # (numba's recursion stubs may want any symbol)
+        if not _may_defer(self):
+            numbas_final(self)
+            set_pending_envs(self)
+            return
+        self._finalize_dynamic_globals()
+        self._verify_declare_only_symbols()
+        self._servesim_deferred = True
+        self._finalized = True
+        for gv in module.global_variables:
+            if not gv.is_declaration:
+                _deferred_globals[gv.name] = self
+
+    def get_pointer_to_function(self, name):
+        self._ensure_finalized()
+        if _is_deferred(self) and _defines(self, name):
+            make_machine_code(self)
+        return numbas_pointer(self, name)
+
+    def _get_compiled_object(self):
+        make_machine_code(self)
+        return numbas_object(self)
+
+    def serialize_using_object_code(self):
+        if _is_deferred(self):
+            return self.serialize_using_bitcode()
+        return numbas_serialize(self)
+
+    def set_env(self, env_name, env):
+        owner = _deferred_globals.get(env_name)
+        if owner is not None and _is_deferred(owner) and not self._engine.is_symbol_defined(env_name):
+            _pending_envs[env_name] = env
+            return
+        numbas_env(self, env_name, env)
+
+    def unserialize_library(self, serialized):
+        if not (_state["servesim"] and serialized[1] == "bitcode"):
+            return numbas_load(self, serialized)
+        _loading_bitcode.append(True)
+        try:
+            return numbas_load(self, serialized)
+        finally:
+            _loading_bitcode.pop()
+
+    for f, numbas_f in ((_finalize_final_module, numbas_final), (get_pointer_to_function, numbas_pointer),
+                        (_get_compiled_object, numbas_object), (serialize_using_object_code, numbas_serialize)):
+        f._servesim = True
+        f.__wrapped__ = numbas_f
+        setattr(lib, f.__name__, f)
+    for f, numbas_f in ((set_env, numbas_env), (unserialize_library, numbas_load)):
+        f._servesim = True
+        f.__wrapped__ = numbas_f
+        setattr(cg, f.__name__, f)
+    return True
+
+
 def install() -> dict:
     """Install every speed-up the environment allows (`patches_wanted`); returns which are in place."""
     if not patches_wanted():
@@ -339,4 +501,4 @@ def install() -> dict:
     fewer_collections_while_compiling()
     return {"flags": speed_up_flags(), "call types": cache_call_types(),
             "array lowering": skip_missing_array_lowering(), "function passes": optimise_in_final_module(),
-            "inline copy": copy_inlined_blocks_once()}
+            "inline copy": copy_inlined_blocks_once(), "machine code": defer_machine_code()}

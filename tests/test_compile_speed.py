@@ -6,6 +6,7 @@ import gc
 import itertools
 from types import SimpleNamespace
 
+import pytest
 from numba.core import event
 
 from numba.core.compiler import Flags
@@ -73,11 +74,12 @@ def test_a_cache_keyed_by_flags_finds_equal_flags():
     assert cache.get(("ctx", (1,), b)) == "impl" and cache.get(("ctx", (1,), c)) is None
 
 
-def _compiling(module):
+def _compiling(module, qualname="f"):
     """numba's event around a compilation, for a dispatcher of a function defined in `module`."""
     def f():
         pass
     f.__module__ = module
+    f.__qualname__ = qualname
     return event.trigger_event("numba:compile", data={"dispatcher": SimpleNamespace(py_func=f)})
 
 
@@ -129,9 +131,12 @@ def test_installed_here_and_numbas_kept_underneath():
     from numba.core import base, codegen, inline_closurecall
     from numba.core.types import functions
     assert nf.install() == {"flags": True, "call types": True, "array lowering": True,
-                            "function passes": True, "inline copy": True}
+                            "function passes": True, "inline copy": True, "machine code": True}
+    lib, cg = codegen.JITCodeLibrary, codegen.JITCPUCodegen
     for patched in (functions.BaseFunction.get_call_type, base.BaseContext.get_function,
-                    codegen.CPUCodeLibrary._optimize_functions, inline_closurecall.InlineWorker.inline_ir):
+                    codegen.CPUCodeLibrary._optimize_functions, inline_closurecall.InlineWorker.inline_ir,
+                    lib._finalize_final_module, lib.get_pointer_to_function, lib._get_compiled_object,
+                    lib.serialize_using_object_code, cg.set_env, cg.unserialize_library):
         assert patched._servesim and patched.__wrapped__.__module__.startswith("numba.")
 
 
@@ -275,3 +280,147 @@ def test_a_bad_value_is_one_line_and_exit_2_from_the_cli():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == ["servesim: error: SERVESIM_NUMBA_PATCHES = 'yes': use 1 (numba patched to "
                                      "compile faster, the default) or 0 (numba left as it is)"]
+
+
+# ------------------------------------------------------------------ machine code made when first needed
+_CALLEE = """define i64 @{name}(i64 %x) {{
+  %y = add i64 %x, 1
+  ret i64 %y
+}}
+@{env} = common global i8* null
+"""
+_CALLER = """declare i64 @{callee}(i64)
+define i64 @{name}(i64 %x) {{
+  %y = call i64 @{callee}(i64 %x)
+  %z = mul i64 %y, 2
+  ret i64 %z
+}}
+"""
+
+
+def _library(text, name, **names):
+    """A library of numba's JIT holding `text` (functions named uniquely in this process)."""
+    import llvmlite.binding as ll
+    from numba.core.registry import cpu_target
+    cg = cpu_target.target_context.codegen()
+    lib = cg.create_library(name)
+    lib.enable_object_caching()                  # (as numba's lowering does)
+    lib.add_llvm_module(ll.parse_assembly(text.format(name=name, **names)))
+    return cg, lib
+
+
+def _finalize(lib):
+    from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:
+        lib.finalize()
+
+
+def _unique(stem):
+    import uuid
+    return f"servesim_test_{stem}_{uuid.uuid4().hex}"
+
+
+def _call(ptr, x):
+    import ctypes
+    return ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(ptr)(x)
+
+
+def test_machine_code_made_when_a_pointer_to_a_function_is_asked_for():
+    name, env = _unique("f"), _unique("env")
+    cg, lib = _library(_CALLEE, name, env=env)
+    with _compiling("servesim.engine.kernel", qualname=name):
+        _finalize(lib)
+        assert nf._is_deferred(lib) and not cg._engine.is_symbol_defined(name)    # optimised, not compiled
+        assert "alloca" not in str(lib._final_module)
+        assert lib.get_pointer_to_function(_unique("other")) == 0 and nf._is_deferred(lib)
+        ptr = lib.get_pointer_to_function(name)
+    assert not nf._is_deferred(lib) and cg._engine.is_symbol_defined(name) and ptr
+    assert _call(ptr, 41) == 42
+
+
+def test_other_libraries_compiled_at_once_as_numba_does():
+    for module, qualname in (("servesim.engine.kernel", "another_function"), (None, None)):
+        name, env = _unique("f"), _unique("env")
+        cg, lib = _library(_CALLEE, name, env=env)
+        if module is None:
+            _finalize(lib)                          # no servesim function compiling
+        else:
+            with _compiling(module, qualname=qualname):
+                _finalize(lib)
+        assert not nf._is_deferred(lib) and cg._engine.is_symbol_defined(name)
+        kind = lib.serialize_using_object_code()[1]
+        assert kind == "object" == type(lib).serialize_using_object_code.__wrapped__(lib)[1]
+
+
+def test_a_deferred_librarys_cache_entry_is_its_bitcode_and_loads_as_numba_reads_it():
+    name, env = _unique("f"), _unique("env")
+    cg, lib = _library(_CALLEE, name, env=env)
+    with _compiling("servesim.engine.kernel", qualname=name):
+        _finalize(lib)
+        state = lib.serialize_using_object_code()
+    assert state == (lib.name, "bitcode", lib._final_module.as_bitcode()) and nf._is_deferred(lib)
+    loaded = cg.unserialize_library(state)          # numba's reading, outside a servesim compile
+    assert not nf._is_deferred(loaded) and _call(loaded.get_pointer_to_function(name), 1) == 2
+    with _compiling("servesim.engine.kernel", qualname="run_nb"):
+        again = cg.unserialize_library(state)
+        assert nf._is_deferred(again)               # read while servesim compiles: compiled when needed
+
+
+def test_an_environment_set_before_the_machine_code_lands_in_the_module_that_defines_it():
+    import ctypes
+
+    class Env:
+        pass
+    e, e2 = Env(), Env()
+    callee, env = _unique("f"), _unique("env")
+    cg, lib = _library(_CALLEE, callee, env=env)
+    with _compiling("servesim.engine.kernel", qualname=callee):
+        _finalize(lib)
+        cg.set_env(env, e)                          # numba's would write through an address not there yet
+        assert nf._pending_envs[env] is e
+    caller = _unique("g")
+    _, top = _library(_CALLER, caller, callee=callee)
+    top.add_linking_library(lib)
+    _finalize(top)                                  # links its own copy of the callee, and its environment
+    assert nf._is_deferred(lib) and not cg._engine.is_symbol_defined(callee)
+    assert _call(top.get_pointer_to_function(caller), 20) == 42
+    assert ctypes.c_void_p.from_address(cg._engine.get_global_value_address(env)).value == id(e)
+    name2, env2 = _unique("f"), _unique("env")
+    _, lib2 = _library(_CALLEE, name2, env=env2)
+    with _compiling("servesim.engine.kernel", qualname=name2):
+        _finalize(lib2)
+        cg.set_env(env2, e2)
+        lib2.get_pointer_to_function(name2)         # compiled now: its own environment set
+    assert ctypes.c_void_p.from_address(cg._engine.get_global_value_address(env2)).value == id(e2)
+    assert env not in nf._pending_envs and env2 not in nf._pending_envs
+
+
+_RUN = ("import hashlib, servesim\n"
+        "r = servesim.simulate(num_requests=200, replicas=2, prefix_caching=True)\n"
+        "print(hashlib.sha256(r.requests.to_csv().encode() + repr(sorted(r.summary.items())).encode()).hexdigest())")
+
+
+@pytest.mark.slow
+def test_cold_partly_cached_and_cached_runs_agree(tmp_path):
+    """A cold compile (handlers' cache entries: bitcode), the kernel compiled again against the cached
+    handlers, a cached run, and numba left as it is reading the same cache: the same requests."""
+    import os
+    import subprocess
+    import sys
+    cache = tmp_path / "cache"
+
+    def run(**env):
+        e = dict(os.environ, NUMBA_CACHE_DIR=str(cache), **env)
+        return subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True, env=e,
+                              check=True, timeout=600).stdout.strip()
+    def drop_kernel():
+        kernel = list(cache.rglob("kernel.run_nb*"))
+        assert kernel
+        for p in kernel:
+            p.unlink()
+    cold = run()
+    drop_kernel()
+    assert run() == cold                            # the handlers read from their bitcode
+    assert run() == cold                            # all cached
+    drop_kernel()
+    assert run(**{nf.PATCHES_ENV: "0"}) == cold     # numba's own reading of the bitcode entries
