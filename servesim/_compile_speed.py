@@ -55,6 +55,13 @@ memo, so the callee's whole scope (every variable) is copied again for each bloc
 variables) for the engine's large inlined handlers. The blocks are copied in one deep copy instead,
 so the scope once; the copies are equal, and numba renames their variables in the caller as before.
 
+**An LLVM type's ABI size found once per compile** (`cache_abi_sizes`). numba asks for the ABI size
+of an LLVM type (`BaseContext.get_abi_sizeof`: each variable's stack slot, each record array's
+item) ~1,100 times on a cold first simulate, and llvmlite answers each time by writing a module that
+holds one global of the type and having LLVM parse it (~0.15 ms). The size is kept, keyed by the
+target data and that module's text (all the answer depends on), and emptied when the outermost
+servesim compile ends.
+
 **Machine code made when first needed** (`defer_machine_code`). numba turns each library's final
 module into machine code as soon as it is optimised (`CPUCodeLibrary._finalize_final_module`), though
 most are never run: the engine's handlers, and numba's own overload implementations, have no Python
@@ -197,6 +204,7 @@ def _listen() -> None:
                 return
             _state["servesim"] = False
             _call_types.clear()
+            _abi_sizes.clear()
             if _state["saved"] is not None:
                 gc.set_threshold(*_state["saved"])
                 _state["saved"] = None
@@ -344,6 +352,42 @@ def copy_inlined_blocks_once() -> bool:
     inline_ir._servesim = True
     inline_ir.__wrapped__ = numbas
     worker.inline_ir = inline_ir
+    return True
+
+
+# the ABI sizes found while the outermost servesim compile runs, by target data and LLVM text
+_abi_sizes: dict = {}
+
+
+def cache_abi_sizes() -> bool:
+    """While a servesim function compiles, an LLVM type's ABI size found once per target data and
+    text (numba's `BaseContext.get_abi_sizeof` parses a module holding one global of the type each
+    time); returns whether it is installed."""
+    from llvmlite import ir
+
+    from numba.core import base
+    numbas = base.BaseContext.get_abi_sizeof
+    if getattr(numbas, "_servesim", False):
+        return True
+    if not ("ty.get_abi_size(self.target_data)" in _source(numbas)
+            and "self._get_ll_global_value_type(target_data, context)" in _source(ir.Type.get_abi_size)
+            and 'GlobalVariable(m, self, name="foo")' in _source(ir.Type._get_ll_global_value_type)):
+        return False
+
+    def get_abi_sizeof(self, ty):
+        if not (_state["servesim"] and isinstance(ty, ir.Type)):
+            return numbas(self, ty)
+        m = ir.Module()                             # the module llvmlite parses, as it writes it
+        ir.GlobalVariable(m, ty, name="foo")
+        key = (self.target_data, str(m))
+        size = _abi_sizes.get(key)
+        if size is None:
+            size = _abi_sizes[key] = numbas(self, ty)
+        return size
+
+    get_abi_sizeof._servesim = True
+    get_abi_sizeof.__wrapped__ = numbas
+    base.BaseContext.get_abi_sizeof = get_abi_sizeof
     return True
 
 
@@ -501,4 +545,5 @@ def install() -> dict:
     fewer_collections_while_compiling()
     return {"flags": speed_up_flags(), "call types": cache_call_types(),
             "array lowering": skip_missing_array_lowering(), "function passes": optimise_in_final_module(),
-            "inline copy": copy_inlined_blocks_once(), "machine code": defer_machine_code()}
+            "inline copy": copy_inlined_blocks_once(), "abi sizes": cache_abi_sizes(),
+            "machine code": defer_machine_code()}

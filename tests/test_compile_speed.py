@@ -131,10 +131,11 @@ def test_installed_here_and_numbas_kept_underneath():
     from numba.core import base, codegen, inline_closurecall
     from numba.core.types import functions
     assert nf.install() == {"flags": True, "call types": True, "array lowering": True,
-                            "function passes": True, "inline copy": True, "machine code": True}
+                            "function passes": True, "inline copy": True, "abi sizes": True, "machine code": True}
     lib, cg = codegen.JITCodeLibrary, codegen.JITCPUCodegen
     for patched in (functions.BaseFunction.get_call_type, base.BaseContext.get_function,
                     codegen.CPUCodeLibrary._optimize_functions, inline_closurecall.InlineWorker.inline_ir,
+                    base.BaseContext.get_abi_sizeof,
                     lib._finalize_final_module, lib.get_pointer_to_function, lib._get_compiled_object,
                     lib.serialize_using_object_code, cg.set_env, cg.unserialize_library):
         assert patched._servesim and patched.__wrapped__.__module__.startswith("numba.")
@@ -281,6 +282,24 @@ def test_a_bad_value_is_one_line_and_exit_2_from_the_cli():
     assert r.stderr.splitlines() == ["servesim: error: SERVESIM_NUMBA_PATCHES = 'yes': use 1 (numba patched to "
                                      "compile faster, the default) or 0 (numba left as it is)"]
 
+
+def test_an_abi_size_given_again_is_the_one_numba_finds():
+    import llvmlite.ir as ir
+    from numba.core import types
+    from numba.core.registry import cpu_target
+    ctx = cpu_target.target_context
+    rec = types.Record.make_c_struct([("a", types.int64), ("b", types.float32), ("c", types.int8)])
+    tys = [ctx.get_value_type(t) for t in (types.Array(types.float64, 1, "C"), types.Array(rec, 2, "A"),
+                                           types.UniTuple(types.int8, 3), types.Tuple((types.int64, types.float32)),
+                                           rec, types.boolean)]
+    tys += [ir.IntType(8), ir.LiteralStructType([ir.IntType(8), ir.DoubleType()]), ir.ArrayType(ir.IntType(16), 5)]
+    numbas = [type(ctx).get_abi_sizeof.__wrapped__(ctx, ty) for ty in tys]
+    assert len(set(numbas)) > 4 and numbas[-3:] == [1, 16, 10]
+    with _compiling("servesim.engine.kernel"):
+        assert [ctx.get_abi_sizeof(ty) for ty in tys] == numbas
+        assert len(nf._abi_sizes) == len({str(ty) for ty in tys})
+        assert [ctx.get_abi_sizeof(ty) for ty in tys] == numbas         # from the cache
+    assert nf._abi_sizes == {}
 
 # ------------------------------------------------------------------ machine code made when first needed
 _CALLEE = """define i64 @{name}(i64 %x) {{
