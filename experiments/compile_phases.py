@@ -10,8 +10,9 @@ LLVM's optimisation of each function as it is added to a library, LLVM's optimis
 final module (its code with every callee library linked in), LLVM's machine-code generation of that
 module, and the cache's save. Phases nest (typing a function compiles its callees; lowering
 finalises the library): each is charged its own time, less the phases nested in it. Prints the
-phases, the libraries whose finalising (final-module optimisation + machine code) took longest, and
-how many functions all final modules define against the distinct ones.
+phases, the libraries whose finalising (final-module optimisation + machine code) took longest,
+how many functions all final modules define against the distinct ones, and how many libraries were
+turned into machine code.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CHILD = r"""
 import json, sys, time
 from numba.core import caching, codegen, cpu, inline_closurecall, typed_passes
 
-spent, stack, libs, wrappers = {}, [], [], [0]
+spent, stack, libs, wrappers, compiled = {}, [], [], [0], [0]
 
 def timed(cls, name, phase):
     orig = getattr(cls, name)
@@ -47,6 +48,8 @@ def timed(cls, name, phase):
                 stack[-1] += dt
             if name == "create_cpython_wrapper":
                 wrappers[0] += 1
+            if name == "_finalize_specific":
+                compiled[0] += 1
             if name == "finalize":
                 lib = a[0]
                 libs.append((lib.name, dt, sum(1 for f in lib._final_module.functions if not f.is_declaration),
@@ -68,7 +71,8 @@ total = time.process_time() - t0
 distinct = set()
 for _, _, _, names in libs:
     distinct.update(names)
-json.dump({"total": total, "spent": spent, "wrappers": wrappers[0], "libs": [l[:3] for l in libs],
+json.dump({"total": total, "spent": spent, "wrappers": wrappers[0], "compiled": compiled[0],
+           "libs": [l[:3] for l in libs],
            "defined": sum(l[2] for l in libs), "distinct": len(distinct)}, open(sys.argv[2], "w"))
 """
 
@@ -95,7 +99,8 @@ def main():
     print(f"{r['wrappers']} CPython wrappers lowered (functions callable from Python)")
     libs = sorted(r["libs"], key=lambda lib: -lib[1])
     print(f"{len(libs)} libraries finalised; their final modules define {r['defined']} functions, "
-          f"{r['distinct']} distinct (the rest are callees linked into each caller again)")
+          f"{r['distinct']} distinct (the rest are callees linked into each caller again); "
+          f"{r['compiled']} turned into machine code (the rest only linked into callers)")
     for name, s, n in libs[:8]:
         print(f"  {name:32s} {s:5.2f} s, {n} functions")
 

@@ -71,11 +71,15 @@ from the cache's bitcode) is optimised and checked as before, and its machine co
 pointer to one of its functions is asked for (a Python entry point) or its object code; the cache
 then keeps its bitcode (numba's other kind of entry, which numba reads the same way, compiling it when
 loaded). An environment numba sets in a library not compiled yet is set in the first module added
-that defines it. A cold first simulate compiles 18 of its 74 libraries instead of all: machine code
-1.7 -> 0.9 CPU s (`experiments/compile_phases.py`).
+that defines it. A cold first simulate makes the machine code of 20 of its 74 libraries, not all:
+machine code 1.7 -> 0.9 CPU s (`experiments/compile_phases.py`). One difference in what callers
+link: LLVM's code generation rewrites a module's IR in place (29 of the 72 deferred modules), and
+numba links a callee's IR as it is then; a caller of a library not compiled links the optimiser's
+IR instead (the same program: results identical; README, Speed).
 
 All of them together: a cold first simulate 17.8 -> 12.1 CPU s (medians of 4 alternating runs each,
-under other jobs' load; README, Speed).
+under other jobs' load); the last two (ABI sizes, machine code) 12.5 -> 11.9 CPU s (medians of 4
+alternating pairs at a load average of 3.0-4.5; README, Speed).
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ calls a jitted function through its CPython wrapper, and jitted code calls it di
 Importing this module (as every module with jitted functions does, before defining them) also
 installs numba's speed-ups for a cold start (`_compile_speed.install`: compile flags compared
 cheaply, fewer collections, call types found once, no failing `__array__` lookups, functions
-optimised once, inlined blocks copied once, machine code made when first needed; none where
-`SERVESIM_NUMBA_PATCHES=0`).
+optimised once, inlined blocks copied once, ABI sizes found once, machine code made when first
+needed; none where `SERVESIM_NUMBA_PATCHES=0`).
 """
 from ._compile_speed import install
 
