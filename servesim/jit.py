@@ -13,8 +13,10 @@ cheaply, fewer collections, call types found once, no failing `__array__` lookup
 optimised once, inlined blocks copied once, ABI sizes found once, machine code made when first
 needed; none where `SERVESIM_NUMBA_PATCHES=0`).
 """
+from ._compile_ahead import wanted
 from ._compile_speed import install
 
 JIT = dict(cache=True, no_cfunc_wrapper=True)
 
 install()
+wanted()    # (a bad SERVESIM_COMPILE_AHEAD refused before anything compiles: `_compile_ahead`)

@@ -22,7 +22,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .._compile_ahead import ahead, by_name, params
 from ..costmodel.features import FULL, features
+from ..costmodel.iteration import decode_cost_nb
 from ..costmodel.fields import tables
 from . import codes as C
 from .events import arrive_nb, complete_nb, launch_nb, schedule_nb, span_decide_nb, transfer_nb
@@ -129,12 +131,31 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     """Run the kernel: ``ps`` one CostParams per pool; ``pools``, ``chains``: see engine/POOLS.md.
     The state is allocated here, in NumPy (`new_run`), and `run_nb` runs the loop over it."""
     run = new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec, dps)
-    now, _ = run_nb(*run, 0.0, INF)
+    with compile_ahead(run):
+        now, _ = run_nb(*run, 0.0, INF)
     end_run_nb(run.cfg, run.rq, run.rp, run.sp, run.stats, now)
     pool_stats = pool_stats_of(run.stats, pools.first, pools.count)
     transfers = bool(np.any(pools.role != C.MIXED))     # (a prefill or decode pool: KV transfers)
     return engine_output(run.rq, run.log, run.ctr, run.gap_hist, run_totals(pool_stats), pool_stats, run.prefix,
                          transfers)._replace(span_iterations=int(run.sp.count[0]))
+
+
+def compile_ahead(args):
+    """Around the call of `run_nb` with ``args`` (its arguments but ``now`` and ``until``): on a cold
+    compile, part of it in a second process (`servesim._compile_ahead`, `ahead_plan`)."""
+    return ahead(run_nb, tuple(args), ahead_plan)
+
+
+def ahead_plan(args) -> tuple:
+    """What a second process compiles of `run_nb` for its arguments ``args``, and what this one compiles
+    first meanwhile, as (dispatcher, example arguments): there `schedule_nb` (~3 of `run_nb`'s ~10 CPU
+    s) and `end_run_nb`, which take the loop's arguments under the same names and its ``r`` (int64) and
+    ``now`` (float64); here a decode span's step cost as `events.span_decide_nb` calls it, most of it
+    the cost model's code that `schedule_nb` calls too, so the child finds it in the cache
+    (tests/test_ahead.py checks that these are the types runs compile)."""
+    ex = dict(zip(params(run_nb), args), r=0, now=0.0)
+    child = [(schedule_nb, by_name(schedule_nb, ex)), (end_run_nb, by_name(end_run_nb, ex))]
+    return child, [(decode_cost_nb, (ex["ps"][0], *ex["fs"], ex["sp"].memo[0], 0, 0))]
 
 
 def run_totals(pool_stats: np.ndarray) -> np.ndarray:

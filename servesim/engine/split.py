@@ -35,7 +35,7 @@ from numba import njit
 from . import codes as C
 from ..jit import JIT
 from .events import log_iteration_nb
-from .kernel import RUN_PAUSED, end_run_nb, kernel_features, cost_inputs, new_run, run_nb, run_totals
+from .kernel import RUN_PAUSED, compile_ahead, end_run_nb, kernel_features, cost_inputs, new_run, run_nb, run_totals
 from .lower import KernelInputs
 from .nextevent import first_nb, new_tree, set_time_nb
 from .state import (
@@ -234,19 +234,20 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
     win = Windows(inputs.arrival, cap)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="servesim-split") as ex:
         subs = list(ex.map(lambda r: SubRun(inputs, r, order[cuts[r]:cuts[r + 1]], fs, logs[0][r]), range(R)))
-        last, filled, overflowed, w = None, 0, False, 0
-        while True:
-            until = win.next(filled, overflowed)
-            # the sub-runs advance through this window while the last one's iterations are merged
-            futures = [ex.submit(s.advance, until, logs[w % 2][s.r]) for s in subs]
-            if last is not None:
-                merge(*last)
-            last = (logs[w % 2], [f.result() for f in futures])
-            w += 1
-            if all(s.done for s in subs):
-                break
-            filled = max(n + sum(f.shape[0] for f in full) for full, n in last[1])
-            overflowed = any(full for full, _ in last[1])
+        with compile_ahead(subs[0].state):
+            last, filled, overflowed, w = None, 0, False, 0
+            while True:
+                until = win.next(filled, overflowed)
+                # the sub-runs advance through this window while the last one's iterations are merged
+                futures = [ex.submit(s.advance, until, logs[w % 2][s.r]) for s in subs]
+                if last is not None:
+                    merge(*last)
+                last = (logs[w % 2], [f.result() for f in futures])
+                w += 1
+                if all(s.done for s in subs):
+                    break
+                filled = max(n + sum(f.shape[0] for f in full) for full, n in last[1])
+                overflowed = any(full for full, _ in last[1])
         merge(*last)
         now = max(s.now for s in subs)
         cols = {name: np.empty(inputs.prompt.shape[0], request_dtype[name]) for name in OUTPUT_FIELDS}

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from . import codes as C
-from .kernel import RUN_CUT, cost_inputs, end_run_nb, kernel_features, run_nb, run_totals
+from .kernel import RUN_CUT, compile_ahead, cost_inputs, end_run_nb, kernel_features, run_nb, run_totals
 from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, config_record, kernel_pools,
@@ -109,8 +109,10 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        now, why = run_nb(tabs, fs, cr, kp, no_chains(rq.shape[0]), rq, rp, None, None, None, step, log, ctr,
-                          rstats, prefix, gap_hist, None, None, sp, pad, now, until)
+        args = (tabs, fs, cr, kp, no_chains(rq.shape[0]), rq, rp, None, None, None, step, log, ctr, rstats, prefix,
+                gap_hist, None, None, sp, pad)
+        with compile_ahead(args):
+            now, why = run_nb(*args, now, until)
         n_chunks += 1
         cut = why == RUN_CUT
         more = pending is not None and not cut
