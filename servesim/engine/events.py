@@ -16,7 +16,7 @@ from ..costmodel.iteration import IterationCost, decode_cost_nb, iteration_compo
 from ..costmodel.speculative import draft_time_nb
 from . import codes as C
 from .flow import bytes_done_nb, drop_transfer_nb, heap_push_nb, start_transfer_nb
-from .jit import HANDLER
+from .jit import HANDLER, INLINED
 from .nextevent import set_time_nb
 from .prefix import blocks_for_nb, lookup_nb, register_nb, release_nb, take_nb
 from .span import gap_bin_nb, leave_nb, span_complete_nb, span_joins_nb, span_next_nb, span_quick_nb
@@ -49,10 +49,11 @@ def end_nb(cfg, chains, rq, turns, ctr, i, status, now):
 
 
 @njit(**HANDLER)
-def wake_nb(pools, rp, r, at):
-    """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free."""
-    if rp.row.n_in_flight[r] < pools.row.pp[rp.row.pool[r]]:
-        set_time_nb(rp.wake_at, rp.wake_tree, r, at)
+def wake_nb(prow, rprow, wake_at, wake_tree, r, at):
+    """Ask for a scheduling decision on replica r at `at` if a pipeline slot is free (``prow``, ``rprow``:
+    the pools' and the replicas' records; ``wake_at``, ``wake_tree``: `Replicas`')."""
+    if rprow.n_in_flight[r] < prow.pp[rprow.pool[r]]:
+        set_time_nb(wake_at, wake_tree, r, at)
 
 
 @njit(inline="always", **HANDLER)
@@ -77,11 +78,11 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, pre
     in_span = spec is None and sp.row.active[r] == 1
     if in_span:                     # an iteration of a decode span (span.py): its members untouched,
         lo = sp.row.n[r]                # but those it ends; then its other members as below
-        span_complete_nb(cfg, sp, gap_hist, r, now)
+        span_complete_nb(sp.row, sp.epochs, gap_hist, r, now)
         if sp.row.done[r] == sp.row.fin[r]:
-            span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now)
+            span_finish_nb(cfg, chains, rq, rp.row, rp.running, rp.slot_req, cache, turns, ctr, sp, r, now)
             freed = True
-    for j in range(lo, rp.slot_n[k]):
+    for j in range(lo, rp.slot.n[k]):
         i = slot_req[k, j]
         in_flight[i] = False
         new = 1                     # tokens emitted
@@ -98,7 +99,7 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, pre
             drop_running_nb(rp.running, rp.row.n_running, r, i)
             rq.status[i] = C.TRANSFER
             rq.pf_replica[i] = r
-            to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, now - rp.slot_start[k], now)
+            to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, now - rp.slot.start[k], now)
             continue
         generated[i] += 1
         if generated[i] == 1:
@@ -121,24 +122,24 @@ def complete_nb(cfg, pools, chains, rq, rp, cache, turns, xfers, ctr, stats, pre
             if pad is not None and cfg.policy == C.STATIC:
                 pad[r, PAD_SEQS] += 1
                 pad[r, PAD_KV] += computed[i]
-            release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
+            release_nb(cfg, rq, rp.row, cache, chains, ctr, r, i, rq.blocks[i])
             rq.blocks[i] = 0
             freed = True
             drop_running_nb(rp.running, rp.row.n_running, r, i)
             end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
-    rp.slot_n[k] = 0
+    rp.slot.n[k] = 0
     if in_span and sp.row.active[r] == 1 and sp.row.n[r] < rp.row.n_running[r]:    # (else none can join)
-        span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now)
+        span_joins_nb(cfg, chains, rq, rp.row, rp.running, rp.slot_req, rp.slot_chunk, cache, sp, r, now)
     if pad is not None and rp.row.n_running[r] == 0 and cfg.policy == C.STATIC:
         pad[r, PAD_SEQS] = 0
         pad[r, PAD_KV] = 0
-    wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
+    wake_nb(pools.row, rp.row, rp.wake_at, rp.wake_tree, r, max(rp.row.next_free[r], now))
     if xfers is not None and freed and pools.row.role[pl] == C.DECODE and ctr[HELD_HEAD] >= 0:
         retry_held_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, now)
 
 
 @njit(**HANDLER)
-def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
+def span_finish_nb(cfg, chains, rq, rprow, running, slot_req, cache, turns, ctr, sp, r, now):
     """The span's completion `sp.row.fin` gives members their last token: in running order, each leaves the
     span (`span.leave_nb`) and ends as in `complete_nb`, and the running list closes up over it (as
     `drop_running_nb` would), the span's positions with it; the span's next ending completion. The
@@ -147,9 +148,9 @@ def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
     (vectorised, as are the shifts that close the lists up after it); positions before it stay as they are."""
     c = sp.row.done[r]
     # replica r's rows, as 1-D views: the loops below index them by position alone (and vectorise)
-    run, fin_at, epoch, sreq = rp.running[r], sp.fin_at[r], sp.epoch[r], rp.slot_req[r * cfg.pp]
+    run, fin_at, epoch, sreq = running[r], sp.fin_at[r], sp.epoch[r], slot_req[r * cfg.pp]
     n = sp.row.n[r]
-    nr = rp.row.n_running[r]
+    nr = rprow.n_running[r]
     big = 1 << 62
     while True:     # (some member ends)
         fin = big       # the least ending completion of the members that stay
@@ -163,8 +164,8 @@ def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
             fin = min(fin, big if e else f)
         i = run[at]
         leave_nb(cfg, rq, sp, r, i, epoch[at])
-        rp.row.load[r] -= 1
-        release_nb(cfg, rq, rp, cache, chains, ctr, r, i, rq.blocks[i])
+        rprow.load[r] -= 1
+        release_nb(cfg, rq, rprow, cache, chains, ctr, r, i, rq.blocks[i])
         rq.blocks[i] = 0
         end_nb(cfg, chains, rq, turns, ctr, i, C.DONE, now)
         # the running list and the span's positions close up over it (unsigned positions: numba's
@@ -183,17 +184,18 @@ def span_finish_nb(cfg, chains, rq, rp, cache, turns, ctr, sp, r, now):
         nr -= 1
         if ends == 1:
             break
-    rp.row.n_running[r] = nr
+    rprow.n_running[r] = nr
     sp.row.n[r] = n
     sp.row.fin[r] = fin
     if n == 0:
         sp.row.active[r] = 0
 
 
-@njit(**HANDLER)
-def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
+@njit(**INLINED)
+def pick_nb(cfg, rq, rprow, prow, cache, chains, lst, i, routed, prefix_aware):
     """The router's choice among the replicas `lst` for request i (``prefix_aware``: the most blocks of
-    its chain cached, GPU or CPU, capped as a hit is; ties to the least loaded)."""
+    its chain cached, GPU or CPU, capped as a hit is; ties to the least loaded). ``rprow``, ``prow``: the
+    replicas' and the pools' records."""
     m = lst.shape[0]
     if m == 1:
         return lst[0]
@@ -201,7 +203,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         return lst[routed % m]
     if cfg.router == C.RANDOM:
         return lst[min(int(rq.u1[i] * m), m - 1)]
-    load, weight, pool = rp.row.load, pools.row.weight, rp.row.pool
+    load, weight, pool = rprow.load, prow.weight, rprow.pool
     if cfg.router == C.POWER_OF_TWO:
         ja = min(int(rq.u1[i] * m), m - 1)
         jb = min(int(rq.u2[i] * (m - 1)), m - 2)
@@ -214,7 +216,7 @@ def pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, routed, prefix_aware):
         if lb < la or (lb == la and b < a):
             return b
         return a
-    free, nblk = rp.row.free_blocks, pools.row.num_blocks
+    free, nblk = rprow.free_blocks, prow.num_blocks
     best = lst[0]
     best_h = -1
     if cache is not None and prefix_aware:
@@ -246,7 +248,7 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, t_pre
     need = blocks_for_nb(rq.prompt[i] + 1, cfg.block_size)
     whole = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
     lst = rp.decode
-    d = pick_nb(cfg, rq, rp, pools, cache, chains, lst, i, ctr[ROUTED_D], False)
+    d = pick_nb(cfg, rq, rp.row, pools.row, cache, chains, lst, i, ctr[ROUTED_D], False)
     m = lst.shape[0]
     at = 0
     for jj in range(m):
@@ -270,7 +272,7 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, t_pre
             ctr[HELD_TAIL] = i
         return False
     ctr[ROUTED_D] += 1
-    take_nb(cfg, pools, rp, cache, ctr, prefix, found, need)
+    take_nb(cfg, pools.row, rp.row, cache, ctr, prefix, found, need)
     rp.row.load[found] += 1
     rq.src_blocks[i] = rq.blocks[i]
     rq.blocks[i] = need
@@ -281,10 +283,10 @@ def to_decode_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, prefix, i, t_pre
     g = pools.row.kv_gpus[P] if pools.row.kv_gpus[P] < pools.row.kv_gpus[D] else pools.row.kv_gpus[D]
     nbytes = rq.prompt[i] * pools.row.kv_bytes_total[P] / g
     if cfg.layerwise and t_prefill >= 0.0:
-        left = nbytes - pools.link_bw[P, D] * t_prefill
+        left = nbytes - pools.link.bw[P, D] * t_prefill
         last = nbytes / pools.row.n_layers[P]
         nbytes = left if left > last else last
-    start_transfer_nb(pools, rq, rp, xfers, ctr, i, nbytes, now)
+    start_transfer_nb(pools.link, rq, rp.row, xfers, ctr, i, nbytes, now)
     return True
 
 
@@ -306,14 +308,14 @@ def transfer_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, i, now):
     """Transfer i moves its last byte (it then ends after the link's latency), or ends: the prefill
     replica frees its blocks, the first token comes out, decoding starts on the decode replica."""
     if math.isnan(rq.xfer_end[i]):
-        bytes_done_nb(pools, rq, rp, xfers, ctr, i, now)
+        bytes_done_nb(pools.link, rq, rp.row, xfers, ctr, i, now)
         return
     drop_transfer_nb(rq, xfers, ctr, i)
     src = rq.pf_replica[i]
-    release_nb(cfg, rq, rp, cache, chains, ctr, src, i, rq.src_blocks[i])
+    release_nb(cfg, rq, rp.row, cache, chains, ctr, src, i, rq.src_blocks[i])
     rq.src_blocks[i] = 0
     rp.row.load[src] -= 1
-    wake_nb(pools, rp, src, max(rp.row.next_free[src], now))
+    wake_nb(pools.row, rp.row, rp.wake_at, rp.wake_tree, src, max(rp.row.next_free[src], now))
     d = rq.replica[i]
     rq.generated[i] = 1
     rq.first_token[i] = now
@@ -327,47 +329,48 @@ def transfer_nb(cfg, pools, chains, rq, rp, cache, xfers, ctr, i, now):
     else:       # at the front: a preempted request must not wait behind the blocks it holds
         rq.status[i] = C.WAITING
         push_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, d, i)
-    wake_nb(pools, rp, d, max(rp.row.next_free[d], now))
+    wake_nb(pools.row, rp.row, rp.wake_at, rp.wake_tree, d, max(rp.row.next_free[d], now))
 
 
-@njit(**HANDLER)
-def rejects_nb(cfg, pools, rp, rq, r, i):
-    """Request i can never fit on entry replica r (or, PD, on any decode replica)."""
-    k = rp.row.pool[r]
-    cap = pools.row.num_blocks[k] - pools.row.watermark_blocks[k]
-    if pools.row.role[k] != C.PREFILL:
+@njit(**INLINED)
+def rejects_nb(cfg, prow, rprow, rq, r, i):
+    """Request i can never fit on entry replica r (or, PD, on any decode replica); ``prow``, ``rprow``:
+    the pools' and the replicas' records."""
+    k = rprow.pool[r]
+    cap = prow.num_blocks[k] - prow.watermark_blocks[k]
+    if prow.role[k] != C.PREFILL:
         return blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size) > cap
     if blocks_for_nb(rq.prompt[i], cfg.block_size) > cap:
         return True
     if rq.output[i] <= 1:
         return False
     need = blocks_for_nb(rq.prompt[i] + rq.output[i], cfg.block_size)
-    for q in range(pools.row.role.shape[0]):
-        if pools.row.role[q] == C.DECODE and need <= pools.row.num_blocks[q] - pools.row.watermark_blocks[q]:
+    for q in range(prow.role.shape[0]):
+        if prow.role[q] == C.DECODE and need <= prow.num_blocks[q] - prow.watermark_blocks[q]:
             return False
     return True
 
 
-@njit(**HANDLER)
-def route_nb(cfg, rq, rp, pools, cache, chains, i, routed):
-    """The replica request i arrives at (the reference simulator's `route`)."""
-    return pick_nb(cfg, rq, rp, pools, cache, chains, rp.entry, i, routed,
+@njit(**INLINED)
+def route_nb(cfg, rq, rprow, prow, cache, chains, entry, i, routed):
+    """The replica request i arrives at (the reference simulator's `route`), one of ``entry`` (`Replicas`')."""
+    return pick_nb(cfg, rq, rprow, prow, cache, chains, entry, i, routed,
                    cfg.router == C.PREFIX_AWARE and cfg.prefix_caching)
 
 
 @njit(inline="always", **HANDLER)
 def arrive_nb(cfg, pools, chains, rq, rp, cache, turns, ctr, i, now):
     """Request i arrives: route it, reject it if it can never fit, else queue it."""
-    r = route_nb(cfg, rq, rp, pools, cache, chains, i, ctr[ROUTED])
+    r = route_nb(cfg, rq, rp.row, pools.row, cache, chains, rp.entry, i, ctr[ROUTED])
     ctr[ROUTED] += 1
     rq.replica[i] = r
-    if rejects_nb(cfg, pools, rp, rq, r, i):
+    if rejects_nb(cfg, pools.row, rp.row, rq, r, i):
         end_nb(cfg, chains, rq, turns, ctr, i, C.REJECTED, now)
         return
     rq.status[i] = C.WAITING
     push_back_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r, i)
     rp.row.load[r] += 1
-    wake_nb(pools, rp, r, max(rp.row.next_free[r], now))
+    wake_nb(pools.row, rp.row, rp.wake_at, rp.wake_tree, r, max(rp.row.next_free[r], now))
 
 
 @njit(**HANDLER)    # called, not inlined: 1.5 CPU s less cold compile, same loop speed (README, Speed)
@@ -381,24 +384,25 @@ def schedule_nb(ps, fs, cfg, pools, chains, rq, rp, cache, step, ctr, stats, pre
     before = stats[r, STAT_PREEMPTIONS]
     kv_span = -1
     if spec is None and cfg.fast_forward and cfg.policy != C.STATIC:
-        kv_span = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
+        kv_span = span_quick_nb(sp.row, sp.hits, rp.row, r, cfg.block_size, cfg.policy)
         if kv_span < 0:
-            kv_span = span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r)
+            kv_span = span_next_nb(cfg, pools.row, chains, rq, rp.row, rp.running, rp.slot_req, rp.slot_chunk, cache, ctr, prefix, sp, r)
     if kv_span >= 0:
         nb = sp.row.n[r]
         swap_s = 0.0
         if rp.row.n_waiting[r] > 0:     # admissions after the span's members, one token of the budget each
-            nb, swap_s = admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb,
-                                  cfg.max_batched_tokens - nb, swap_s)
+            nb, swap_s = admit_nb(ps, cfg, pools.row, rq, rp.row, rp.running, rp.slot, cache, chains, step, ctr, prefix,
+                                  r, now, nb, cfg.max_batched_tokens - nb, swap_s)
     elif pad is not None and cfg.policy == C.STATIC:
-        nb, swap_s = static_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now)
+        nb, swap_s = static_batch_nb(ps, cfg, pools.row, rq, rp.row, rp.running, cache, chains, step, ctr, prefix, r,
+                                     now)
     else:
         nb, swap_s = continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats, prefix, r, now,
                                          spec)
     if nb == 0:
         if stats[r, STAT_PREEMPTIONS] > before:
             # it preempted and launched nothing: decide again at once (the freed blocks may admit requests)
-            wake_nb(pools, rp, r, now)
+            wake_nb(pools.row, rp.row, rp.wake_at, rp.wake_tree, r, now)
         return nb, nb, 0.0, IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0
     dp = ps[pl]         # the drafts' cost table (speculative decoding), else unused
     if spec is not None:
@@ -419,8 +423,8 @@ def span_decide_nb(ps, fs, cfg, pools, rq, rp, sp, r):
     speculative decoding, not static batching)."""
     kv = -1
     n = sp.row.n[r]
-    if rp.row.n_waiting[r] == 0 or rq.arrival[rp.row.q_head[r]] > async_cutoff_nb(ps, cfg, pools, rp, r, n):
-        kv = span_quick_nb(sp.row, sp.hits, sp.count, rp.row, r, cfg.block_size, cfg.policy)
+    if rp.row.n_waiting[r] == 0 or rq.arrival[rp.row.q_head[r]] > async_cutoff_nb(ps, cfg, pools.row, rp.row, rp.slot, r, n):
+        kv = span_quick_nb(sp.row, sp.hits, rp.row, r, cfg.block_size, cfg.policy)
     pl = rp.row.pool[r]
     if kv < 0:
         return -1, n, 0.0, IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0
@@ -527,11 +531,11 @@ def launch_nb(cfg, pools, rq, rp, step, ctr, stats, log, r, priced, spec, now):
             stage_free[r, st] = t_out
         stats[r, STAT_STAGE_BUSY] += d
     set_time_nb(rp.slot_end, rp.slot_tree, k, t_out)
-    rp.slot_start[k] = now
-    rp.slot_n[k] = nb
+    rp.slot.start[k] = now
+    rp.slot.n[k] = nb
     rp.row.n_in_flight[r] += 1
     rp.row.next_free[r] = now + interval
-    wake_nb(pools, rp, r, rp.row.next_free[r])
+    wake_nb(pools.row, rp.row, rp.wake_at, rp.wake_tree, r, rp.row.next_free[r])
 
     kv_in_use = pools.row.num_blocks[pl] - rp.row.free_blocks[r]
     ctr[ITERATIONS] += 1

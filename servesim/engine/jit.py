@@ -10,3 +10,11 @@ array (numba refuses to compile one that does).
 from ..jit import JIT
 
 HANDLER = dict(JIT, _nrt=False, no_cpython_wrapper=True)
+
+# A handler LLVM is told to inline into its callers (its `alwaysinline` attribute): LLVM inlines a
+# callee whose cost is under a threshold, and counts each argument of the call towards the threshold.
+# These handlers were inlined while they took whole bundles (100-200 arguments); taking the arrays
+# they touch, they would be called instead, and the calls made the event loop ~20% slower
+# (`experiments/profile_speed.py`, measured 2026-12-07). Not numba's IR inlining (`inline="always"`):
+# LLVM inlines the compiled function, nothing is typed or lowered again.
+INLINED = dict(HANDLER, forceinline=True)

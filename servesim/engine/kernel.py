@@ -137,7 +137,7 @@ def simulate_pools(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec
     pool_stats = pool_stats_of(run.stats, pools.first, pools.count)
     transfers = bool(np.any(pools.role != C.MIXED))     # (a prefill or decode pool: KV transfers)
     return engine_output(run.rq, run.log, run.ctr, run.gap_hist, run_totals(pool_stats), pool_stats, run.prefix,
-                         transfers)._replace(span_iterations=int(run.sp.count[0]))
+                         transfers)._replace(span_iterations=int(run.sp.row.count.sum()))
 
 
 def compile_ahead(args):
@@ -204,8 +204,8 @@ def run_nb(ps, fs, cfg, pools, chains, rq, rp, cache, turns, xfers, step, log, c
         if ctr[NEXT_ARRIVAL] < ctr[SENT]:
             i = ctr[NEXT_ARRIVAL]
             t_arr = rq.arrival[i]
-        if turns is not None and ctr[HEAP_N] > 0 and turns.heap_t[0] < t_arr:
-            t_arr, i, from_heap = turns.heap_t[0], turns.heap_i[0], True
+        if turns is not None and ctr[HEAP_N] > 0 and turns.t[0] < t_arr:
+            t_arr, i, from_heap = turns.t[0], turns.i[0], True
         t_sch, r = first_nb(rp.wake_at, rp.wake_tree)
         t = min(min(t_comp, t_x), min(t_arr, t_sch))
         if t >= until and t != INF:
@@ -248,7 +248,7 @@ def end_run_nb(cfg, rq, rp, sp, stats, now):
     replica's span with work in flight closed, every pool's end time set."""
     for r in range(cfg.replicas):
         if sp.row.active[r]:    # the clock stopped in a decode span: its requests brought up to date
-            span_end_nb(cfg, rq, rp, sp, r)
+            span_end_nb(cfg, rq, rp.running, sp, r)
         if rp.row.n_in_flight[r] > 0:
             stats[r, STAT_INFLIGHT_TIME] += now - rp.row.inflight_since[r]
     for k in range(stats.shape[0]):

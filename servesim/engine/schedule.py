@@ -14,7 +14,7 @@ from numba import njit
 
 from ..costmodel import fields as F
 from . import codes as C
-from .jit import HANDLER
+from .jit import HANDLER, INLINED
 from .prefix import blocks_for_nb, commit_hit_nb, lookup_nb, release_nb, swap_seconds_nb, take_nb
 from .state import STAT_PREEMPTIONS
 
@@ -71,12 +71,12 @@ def cached_nb(cfg, rq, cache, chains, r, i):
 
 
 @njit(**HANDLER)
-def preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
+def preempt_nb(ps, cfg, prow, rq, rprow, running, cache, chains, ctr, stats, r, v):
     """Free the victim's blocks and put it back at the front of the queue; returns swap seconds."""
     swap_s = 0.0
-    release_nb(cfg, rq, rp, cache, chains, ctr, r, v, rq.blocks[v])
+    release_nb(cfg, rq, rprow, cache, chains, ctr, r, v, rq.blocks[v])
     if cfg.preemption == C.SWAP:
-        swap_s = swap_seconds_nb(ps, pools, rp, r, rq.computed[v])
+        swap_s = swap_seconds_nb(ps, prow, rprow, r, rq.computed[v])
         rq.status[v] = C.SWAPPED
         rq.reg_done[v] = True
     else:
@@ -85,56 +85,56 @@ def preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v):
     rq.blocks[v] = 0
     rq.preemptions[v] += 1
     stats[r, STAT_PREEMPTIONS] += 1
-    drop_running_nb(rp.running, rp.row.n_running, r, v)
+    drop_running_nb(running, rprow.n_running, r, v)
     # to the front, but behind transferred requests queued there with their blocks (decode
     # replicas): they need no block, and the victim may need theirs
     a = -1
-    j = rp.row.q_head[r]
+    j = rprow.q_head[r]
     while j >= 0 and rq.blocks[j] > 0:
         a = j
         j = rq.q_next[j]
     if a < 0:
-        push_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r, v)
+        push_front_nb(rq.q_next, rprow.q_head, rprow.q_tail, rprow.n_waiting, r, v)
     else:       # after a
         rq.q_next[v] = rq.q_next[a]
         rq.q_next[a] = v
-        if rp.row.q_tail[r] == a:
-            rp.row.q_tail[r] = v
-        rp.row.n_waiting[r] += 1
+        if rprow.q_tail[r] == a:
+            rprow.q_tail[r] = v
+        rprow.n_waiting[r] += 1
     return swap_s
 
 
 @njit(**HANDLER)
-def static_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now):
+def static_batch_nb(ps, cfg, prow, rq, rprow, running, cache, chains, step, ctr, prefix, r, now):
     """When nothing runs, admit a whole batch reserving every prompt and output block; then run it.
     Returns (members, seconds of CPU-tier reloads)."""
     B = cfg.max_num_seqs
     reload_s = 0.0
-    if rp.row.n_running[r] == 0:
-        while rp.row.n_waiting[r] > 0 and rp.row.n_running[r] < B:
-            i = rp.row.q_head[r]
+    if rprow.n_running[r] == 0:
+        while rprow.n_waiting[r] > 0 and rprow.n_running[r] < B:
+            i = rprow.q_head[r]
             h, g0, c = cached_nb(cfg, rq, cache, chains, r, i)
-            tokens = rq.prompt[i] if pools.row.role[rp.row.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
+            tokens = rq.prompt[i] if prow.role[rprow.pool[r]] == C.PREFILL else rq.prompt[i] + rq.output[i]
             need = blocks_for_nb(tokens, cfg.block_size) - h - rq.blocks[i]
-            if need + g0 + c > rp.row.free_blocks[r]:
+            if need + g0 + c > rprow.free_blocks[r]:
                 break
-            pop_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r)
+            pop_front_nb(rq.q_next, rprow.q_head, rprow.q_tail, rprow.n_waiting, r)
             if cfg.prefix_caching and rq.computed[i] == 0:
                 prefix[C.LOOKUP_TOKENS] += rq.prompt[i]
             if cache is not None and h > 0:
-                reload_s += commit_hit_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, c)
-            take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
+                reload_s += commit_hit_nb(ps, cfg, prow, rq, rprow, cache, chains, ctr, prefix, r, i, h, c)
+            take_nb(cfg, prow, rprow, cache, ctr, prefix, r, need)
             rq.blocks[i] += need
             rq.status[i] = C.RUNNING
             if math.isnan(rq.scheduled[i]):
                 rq.scheduled[i] = now
-            rp.running[r, rp.row.n_running[r]] = i
-            rp.row.n_running[r] += 1
+            running[r, rprow.n_running[r]] = i
+            rprow.n_running[r] += 1
     nb = 0
-    run, in_flight, b_req, b_chunk = rp.running, rq.in_flight, step.req, step.chunk
+    in_flight, b_req, b_chunk = rq.in_flight, step.req, step.chunk
     prompt, generated, computed = rq.prompt, rq.generated, rq.computed
-    for j in range(rp.row.n_running[r]):
-        i = run[r, j]
+    for j in range(rprow.n_running[r]):
+        i = running[r, j]
         if not in_flight[i]:
             b_req[nb] = i
             b_chunk[nb] = prompt[i] + generated[i] - computed[i]
@@ -239,7 +239,7 @@ def continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats,
                         # rather than preempt itself (that livelocks with PP > 1), admit nothing now
                         preempted_now = True
                         break
-                    swap_s += preempt_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, stats, r, v)
+                    swap_s += preempt_nb(ps, cfg, pools.row, rq, rp.row, rp.running, cache, chains, ctr, stats, r, v)
                     preempted_now = True
                     if v == i:
                         victim_self = True
@@ -251,7 +251,7 @@ def continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats,
                                 j = j2 + 1
                 if victim_self or need > free_blocks[r]:
                     continue
-                take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
+                take_nb(cfg, pools.row, rp.row, cache, ctr, prefix, r, need)
                 blocks[i] += need
                 b_req[nb] = i
                 b_chunk[nb] = c
@@ -259,35 +259,36 @@ def continuous_batch_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, stats,
                 budget -= tok
     # 2) admit waiting requests in FCFS order (none after a preemption in this step)
     if not decode_only and not preempted_now:
-        nb, swap_s = admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s)
+        nb, swap_s = admit_nb(ps, cfg, pools.row, rq, rp.row, rp.running, rp.slot, cache, chains, step, ctr, prefix, r, now,
+                              nb, budget, swap_s)
     return nb, swap_s
 
 
 @njit(inline="always", **HANDLER)
-def async_cutoff_nb(ps, cfg, pools, rp, r, nb):
+def async_cutoff_nb(ps, cfg, prow, rprow, slot, r, nb):
     """The latest arrival a step of replica r with ``nb`` members before its admissions may admit: with
     async scheduling (vLLM V1, host work overlapping the GPU, one stage) and members, the launch of
     the step now ending (it was planned then: POOLS.md); else inf."""
-    pl = rp.row.pool[r]
-    if cfg.policy == C.VLLM and ps[pl, F.host_overlap] > 0.0 and pools.row.pp[pl] == 1 and nb > 0:
-        return rp.slot_start[r * cfg.pp]
+    pl = rprow.pool[r]
+    if cfg.policy == C.VLLM and ps[pl, F.host_overlap] > 0.0 and prow.pp[pl] == 1 and nb > 0:
+        return slot.start[r * cfg.pp]
     return math.inf
 
 
-@njit(**HANDLER)
-def admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
+@njit(**INLINED)
+def admit_nb(ps, cfg, prow, rq, rprow, running, slot, cache, chains, step, ctr, prefix, r, now, nb, budget, swap_s):
     """Admit waiting requests in FCFS order into the step's members after its first ``nb`` (``budget``
     tokens left); returns (members, swap s). Async scheduling (vLLM V1, host work overlapping the
     GPU, one stage): this step was planned when the step now ending was launched, so while it has
     running members a request that arrived after that launch waits for the next one (POOLS.md)."""
     B = cfg.max_num_seqs
-    wm = pools.row.watermark_blocks[rp.row.pool[r]]
+    wm = prow.watermark_blocks[rprow.pool[r]]
     pol = cfg.policy
-    run, n_running, free_blocks = rp.running, rp.row.n_running, rp.row.free_blocks
+    n_running, free_blocks = rprow.n_running, rprow.free_blocks
     b_req, b_chunk = step.req, step.chunk
     prompt, generated, computed, blocks = rq.prompt, rq.generated, rq.computed, rq.blocks
-    status, n_waiting, q_head = rq.status, rp.row.n_waiting, rp.row.q_head
-    cutoff = async_cutoff_nb(ps, cfg, pools, rp, r, nb)
+    status, n_waiting, q_head = rq.status, rprow.n_waiting, rprow.q_head
+    cutoff = async_cutoff_nb(ps, cfg, prow, rprow, slot, r, nb)
     while n_waiting[r] > 0 and n_running[r] < B and nb < B and budget > 0:
         i = q_head[r]
         if rq.arrival[i] > cutoff:
@@ -304,19 +305,19 @@ def admit_nb(ps, cfg, pools, rq, rp, cache, chains, step, ctr, prefix, r, now, n
         need = blocks_for_nb(done + c, cfg.block_size) - held
         if need + g0 + hc > 0 and free_blocks[r] - (need + g0 + hc) < wm:
             break
-        pop_front_nb(rq.q_next, rp.row.q_head, rp.row.q_tail, rp.row.n_waiting, r)
+        pop_front_nb(rq.q_next, rprow.q_head, rprow.q_tail, rprow.n_waiting, r)
         if cfg.prefix_caching and computed[i] == 0:
             prefix[C.LOOKUP_TOKENS] += prompt[i]
         if cache is not None and h > 0:
-            swap_s += commit_hit_nb(ps, cfg, pools, rq, rp, cache, chains, ctr, prefix, r, i, h, hc)
+            swap_s += commit_hit_nb(ps, cfg, prow, rq, rprow, cache, chains, ctr, prefix, r, i, h, hc)
         if status[i] == C.SWAPPED:
-            swap_s += swap_seconds_nb(ps, pools, rp, r, computed[i])
+            swap_s += swap_seconds_nb(ps, prow, rprow, r, computed[i])
         status[i] = C.RUNNING
         if math.isnan(rq.scheduled[i]):
             rq.scheduled[i] = now
-        take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
+        take_nb(cfg, prow, rprow, cache, ctr, prefix, r, need)
         blocks[i] += need
-        run[r, n_running[r]] = i
+        running[r, n_running[r]] = i
         n_running[r] += 1
         b_req[nb] = i
         b_chunk[nb] = c

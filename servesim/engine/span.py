@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from . import codes as C
-from .jit import HANDLER
+from .jit import HANDLER, INLINED
 from .prefix import take_nb
 
 
@@ -73,8 +73,8 @@ def gap_bin_near_nb(gap, b):
 
 
 @njit(**HANDLER)
-def joins_nb(cfg, chains, rq, cache, sp, r, i, t):
-    """Request i (running, not in flight) can be a member of replica r's span whose last token was at t:
+def joins_nb(cfg, chains, rq, cache, i, t):
+    """Request i (running, not in flight) can be a member of a span whose last token was at t:
     decoding, its last token at t, holding its next token's blocks and less than a block more, done
     registering prefix-cache blocks."""
     c = rq.computed[i]
@@ -84,12 +84,14 @@ def joins_nb(cfg, chains, rq, cache, sp, r, i, t):
         return False
     if room < 0 or room >= cfg.block_size:
         return False
+    if cache is None:
+        return True
     # (with the prefix cache: it may still register blocks of its chain, prefix.register_nb)
-    return cache is None or rq.reg_done[i] or rq.n_ref[i] >= chains.length[i]
+    return rq.reg_done[i] or rq.n_ref[i] >= chains.length[i]
 
 
 @njit(**HANDLER)
-def join_nb(cfg, rq, rp, sp, r, i, pos):
+def join_nb(cfg, rq, slot_req, slot_chunk, sp, r, i, pos):
     """Request i, at running position pos, joins replica r's span (in its latest epoch)."""
     m = sp.row.done[r]
     c = rq.computed[i]
@@ -104,32 +106,34 @@ def join_nb(cfg, rq, rp, sp, r, i, pos):
     if rq.arrival[i] >= cfg.warmup_time:
         sp.row.n_warm[r] += 1
     k = r * cfg.pp
-    rp.slot_req[k, pos] = i     # the span's batch, in running order (a completion run request by request reads it)
-    rp.slot_chunk[k, pos] = 1
+    slot_req[k, pos] = i        # the span's batch, in running order (a completion run request by request reads it)
+    slot_chunk[k, pos] = 1
     sp.row.n[r] = pos + 1
 
 
 @njit(**HANDLER)
-def new_epoch_nb(sp, r):
-    e = sp.row.n_epochs[r]
-    sp.e_start[r, e] = sp.row.done[r]
-    sp.e_max[r, e] = 0.0
-    sp.row.n_epochs[r] = e + 1
+def new_epoch_nb(row, epoch, r):
+    """Replica r's span (``row``: the spans' records; ``epoch``: their epochs') begins an epoch."""
+    e = row.n_epochs[r]
+    epoch.start[r, e] = row.done[r]
+    epoch.longest[r, e] = 0.0
+    row.n_epochs[r] = e + 1
 
 
-@njit(**HANDLER)
-def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
+@njit(**INLINED)
+def span_start_nb(cfg, prow, chains, rq, rprow, running, slot_req, slot_chunk, cache, sp, r):
     """Begin a span on replica r if its next decision would batch its whole running list first, every
-    member decoding one token (the conditions in the module's docstring); returns whether it began."""
-    n = rp.row.n_running[r]
-    if n == 0 or n > cfg.max_batched_tokens or pools.row.pp[rp.row.pool[r]] != 1:
+    member decoding one token (the conditions in the module's docstring); returns whether it began.
+    ``prow``, ``rprow``: the pools' and the replicas' records; ``running``, ``slot_req``, ``slot_chunk``: `Replicas`'."""
+    n = rprow.n_running[r]
+    if n == 0 or n > cfg.max_batched_tokens or prow.pp[rprow.pool[r]] != 1:
         return False
-    if cfg.policy == C.VLLM_V0 and rp.row.n_waiting[r] > 0:
+    if cfg.policy == C.VLLM_V0 and rprow.n_waiting[r] > 0:
         return False
-    run = rp.running
+    run = running
     t = rq.last_token[run[r, n - 1]]
     for j in range(n - 1, -1, -1):     # the latest admitted first: the likeliest to be prefilling
-        if not joins_nb(cfg, chains, rq, cache, sp, r, run[r, j], t):
+        if not joins_nb(cfg, chains, rq, cache, run[r, j], t):
             return False
     for q in range(cfg.block_size):
         sp.hits[r, q] = 0
@@ -141,16 +145,16 @@ def span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
     sp.row.n_warm[r] = 0
     sp.row.t_last[r] = t
     sp.row.n_epochs[r] = 0
-    new_epoch_nb(sp, r)
+    new_epoch_nb(sp.row, sp.epochs, r)
     for j in range(n):
-        join_nb(cfg, rq, rp, sp, r, run[r, j], j)
+        join_nb(cfg, rq, slot_req, slot_chunk, sp, r, run[r, j], j)
     sp.row.active[r] = 1
     return True
 
 
 @njit(**HANDLER)
-def span_quick_nb(row, hits, count, rprow, r, block_size, policy):
-    """`span_next_nb`'s common case, from the arrays it reads (``row``, ``hits``, ``count``: the span's;
+def span_quick_nb(row, hits, rprow, r, block_size, policy):
+    """`span_next_nb`'s common case, from the arrays it reads (``row``, ``hits``: the span's;
     ``rprow``: the replicas' records), so that a call costs few arguments: replica r's span goes on and
     the blocks its members take at this iteration are never-used ones (`prefix.take_nb` takes those
     first, and without touching the prefix cache's lists). Returns what `span_next_nb` would, or -1
@@ -163,57 +167,58 @@ def span_quick_nb(row, hits, count, rprow, r, block_size, policy):
         return -1
     rprow.free_blocks[r] -= need      # (take_nb of never-used blocks)
     rprow.empty[r] -= need
-    return span_launch_nb(row, count, r, j)
+    return span_launch_nb(row, r, j)
 
 
 @njit(**HANDLER)
-def span_launch_nb(row, count, r, j):
+def span_launch_nb(row, r, j):
     """Iteration j of replica r's span is launched; returns its members' KV (`span_next_nb`)."""
     row.launched[r] = j
-    count[0] += 1
+    row.count[r] += 1
     return row.kv0[r] + row.n[r] * j
 
 
 @njit(**HANDLER)
-def span_next_nb(cfg, pools, chains, rq, rp, cache, ctr, prefix, sp, r):
+def span_next_nb(cfg, prow, chains, rq, rprow, running, slot_req, slot_chunk, cache, ctr, prefix, sp, r):
     """A scheduling decision on replica r: launch the next iteration of its span (beginning one if it
     can), taking the blocks its members need; returns the members' computed tokens + 1, summed (their
     KV in the batch), or -1: the step-by-step scheduler decides (the span, if any, ended). Waiting
     requests are then admitted after the members (`schedule.admit_nb`, by the caller)."""
-    if sp.row.active[r] == 0 and not span_start_nb(cfg, pools, chains, rq, rp, cache, sp, r):
+    if sp.row.active[r] == 0 and not span_start_nb(cfg, prow, chains, rq, rprow, running, slot_req, slot_chunk, cache, sp, r):
         return -1
     j = sp.row.launched[r] + 1
     need = sp.hits[r, j % cfg.block_size]
-    if rp.row.n_running[r] != sp.row.n[r] or need > rp.row.free_blocks[r] or (cfg.policy == C.VLLM_V0 and rp.row.n_waiting[r] > 0):
-        span_end_nb(cfg, rq, rp, sp, r)
+    if rprow.n_running[r] != sp.row.n[r] or need > rprow.free_blocks[r] or (cfg.policy == C.VLLM_V0 and rprow.n_waiting[r] > 0):
+        span_end_nb(cfg, rq, running, sp, r)
         return -1
     if need > 0:
-        take_nb(cfg, pools, rp, cache, ctr, prefix, r, need)
-    return span_launch_nb(sp.row, sp.count, r, j)
+        take_nb(cfg, prow, rprow, cache, ctr, prefix, r, need)
+    return span_launch_nb(sp.row, r, j)
 
 
 @njit(**HANDLER)
-def span_complete_nb(cfg, sp, gap_hist, r, now):
+def span_complete_nb(row, epoch, gap_hist, r, now):
     """The span's in-flight iteration comes out: its members' tokens are counted on the span (one gap,
-    shared). Members it ends (the span's completion ``fin``) leave it by `events.span_finish_nb`; the
-    batch's other members are run request by request, then `span_joins_nb`."""
-    gap = now - sp.row.t_last[r]
-    e = sp.row.n_epochs[r] - 1
-    if gap > sp.e_max[r, e]:
-        sp.e_max[r, e] = gap
-    if sp.row.n_warm[r] > 0:    # (the gaps of a span change little: most fall in the bin before)
-        b = gap_bin_near_nb(gap, sp.row.gap_bin[r])
-        sp.row.gap_bin[r] = b
-        gap_hist[b] += sp.row.n_warm[r]
-    sp.row.t_last[r] = now
-    sp.row.done[r] += 1
+    shared; ``row``, ``epoch``: the spans' records and their epochs'). Members it ends (the span's
+    completion ``fin``) leave it by `events.span_finish_nb`; the batch's other members are run request
+    by request, then `span_joins_nb`."""
+    gap = now - row.t_last[r]
+    e = row.n_epochs[r] - 1
+    if gap > epoch.longest[r, e]:
+        epoch.longest[r, e] = gap
+    if row.n_warm[r] > 0:    # (the gaps of a span change little: most fall in the bin before)
+        b = gap_bin_near_nb(gap, row.gap_bin[r])
+        row.gap_bin[r] = b
+        gap_hist[b] += row.n_warm[r]
+    row.t_last[r] = now
+    row.done[r] += 1
 
 
 @njit(inline="always", **HANDLER)     # (one caller, `events.span_finish_nb`)
 def leave_nb(cfg, rq, sp, r, i, e):
     """Member i (of epoch e) leaves replica r's span: its share of the aggregates taken out, its record
     brought up to date (`member_end_nb`)."""
-    m0 = sp.e_start[r, e]
+    m0 = sp.epochs.start[r, e]
     room = rq.blocks[i] * cfg.block_size - rq.computed[i]
     sp.hits[r, (m0 + room + 1) % cfg.block_size] -= 1
     sp.row.kv0[r] -= rq.computed[i] - m0
@@ -221,18 +226,19 @@ def leave_nb(cfg, rq, sp, r, i, e):
         sp.row.n_warm[r] -= 1
     g = 0.0
     for e2 in range(e, sp.row.n_epochs[r]):
-        if sp.e_max[r, e2] > g:
-            g = sp.e_max[r, e2]
-    member_end_nb(cfg, rq, sp, r, i, m0, g)
+        if sp.epochs.longest[r, e2] > g:
+            g = sp.epochs.longest[r, e2]
+    member_end_nb(cfg, rq, sp.row, r, i, m0, g)
 
 
 @njit(**HANDLER)
-def member_end_nb(cfg, rq, sp, r, i, m0, gap_max):
+def member_end_nb(cfg, rq, row, r, i, m0, gap_max):
     """Member i, joined at the span's completion m0, gets the tokens of the iterations completed since,
-    the blocks of those launched, the last token and ``gap_max``, its longest gap since."""
+    the blocks of those launched, the last token and ``gap_max``, its longest gap since (``row``: the
+    spans' records)."""
     bs = cfg.block_size
-    m = sp.row.done[r]
-    L = sp.row.launched[r]
+    m = row.done[r]
+    L = row.launched[r]
     first = rq.blocks[i] * bs - rq.computed[i] + 1      # its first iteration taking a block, from its join
     if L - m0 >= first:
         rq.blocks[i] += (L - m0 - first) // bs + 1
@@ -240,38 +246,38 @@ def member_end_nb(cfg, rq, sp, r, i, m0, gap_max):
     rq.computed[i] += d
     rq.generated[i] += d
     if d > 0:
-        rq.last_token[i] = sp.row.t_last[r]
+        rq.last_token[i] = row.t_last[r]
         if gap_max > rq.max_gap[i]:
             rq.max_gap[i] = gap_max
     rq.in_flight[i] = L > m
 
 
-@njit(**HANDLER)
-def span_joins_nb(cfg, chains, rq, rp, cache, sp, r, now):
+@njit(**INLINED)
+def span_joins_nb(cfg, chains, rq, rprow, running, slot_req, slot_chunk, cache, sp, r, now):
     """After a span's completion: the running requests after its members join it, in running order,
     while each can (one new epoch for them)."""
     pos = sp.row.n[r]
-    if pos >= rp.row.n_running[r] or pos >= cfg.max_batched_tokens or sp.row.n_epochs[r] == sp.e_start.shape[1]:
+    if pos >= rprow.n_running[r] or pos >= cfg.max_batched_tokens or sp.row.n_epochs[r] == sp.epochs.shape[1]:
         return
-    if not joins_nb(cfg, chains, rq, cache, sp, r, rp.running[r, pos], now):
+    if not joins_nb(cfg, chains, rq, cache, running[r, pos], now):
         return
-    new_epoch_nb(sp, r)
-    while pos < rp.row.n_running[r] and pos < cfg.max_batched_tokens:
-        i = rp.running[r, pos]
-        if not joins_nb(cfg, chains, rq, cache, sp, r, i, now):
+    new_epoch_nb(sp.row, sp.epochs, r)
+    while pos < rprow.n_running[r] and pos < cfg.max_batched_tokens:
+        i = running[r, pos]
+        if not joins_nb(cfg, chains, rq, cache, i, now):
             return
-        join_nb(cfg, rq, rp, sp, r, i, pos)
+        join_nb(cfg, rq, slot_req, slot_chunk, sp, r, i, pos)
         pos += 1
 
 
-@njit(**HANDLER)
-def span_end_nb(cfg, rq, rp, sp, r):
+@njit(**INLINED)
+def span_end_nb(cfg, rq, running, sp, r):
     """End replica r's span: each member brought up to date (`member_end_nb`); a member of a launched
     iteration not yet out is in flight."""
     for e in range(sp.row.n_epochs[r] - 2, -1, -1):     # the longest gap from each epoch on
-        if sp.e_max[r, e + 1] > sp.e_max[r, e]:
-            sp.e_max[r, e] = sp.e_max[r, e + 1]
+        if sp.epochs.longest[r, e + 1] > sp.epochs.longest[r, e]:
+            sp.epochs.longest[r, e] = sp.epochs.longest[r, e + 1]
     for j in range(sp.row.n[r]):
         e = sp.epoch[r, j]
-        member_end_nb(cfg, rq, sp, r, rp.running[r, j], sp.e_start[r, e], sp.e_max[r, e])
+        member_end_nb(cfg, rq, sp.row, r, running[r, j], sp.epochs.start[r, e], sp.epochs.longest[r, e])
     sp.row.active[r] = 0

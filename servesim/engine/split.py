@@ -269,4 +269,4 @@ def simulate_split(inputs: KernelInputs, threads: int) -> EngineOutput:
     for s in subs:          # (counts: integers, exact in any order)
         prefix += s.state.prefix
     return output_of(cols, log, ctr, gap_hist, run_totals(pool_stats), pool_stats, prefix,
-                     int(sum(int(s.state.sp.count[0]) for s in subs)))
+                     int(sum(int(s.state.sp.row.count.sum()) for s in subs)))

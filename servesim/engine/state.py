@@ -87,7 +87,8 @@ class Pools(NamedTuple):
 
 
 # The pools as the kernel reads them (`kernel_pools`): one record per pool with the fields of `Pools`
-# but the (P, P) links, so a handler's call passes one array for them, not twelve.
+# but the (P, P) links, so a handler's call passes one array for them, not twelve; the links one
+# record per pair of pools.
 pool_dtype = np.dtype([
     ("role", np.int64),
     ("first", np.int64),
@@ -104,14 +105,17 @@ pool_dtype = np.dtype([
 ])
 
 
+link_dtype = np.dtype([("bw", np.float64), ("alpha", np.float64)])
+
+
 class KernelPools(NamedTuple):
     row: np.ndarray             # (P) pool_dtype records
-    link_bw: np.ndarray         # (P, P) as in Pools
-    link_alpha: np.ndarray
+    link: np.ndarray            # (P, P) link_dtype records: Pools.link_bw and link_alpha
 
 
 def kernel_pools(pools: Pools) -> KernelPools:
-    """``pools`` as the kernel reads them: ``row.num_blocks[k]`` for ``num_blocks[k]``."""
+    """``pools`` as the kernel reads them: ``row.num_blocks[k]`` for ``num_blocks[k]``, ``link.bw[a, b]`` for
+    ``link_bw[a, b]``."""
     P = pools.role.shape[0]
     row = np.zeros(P, pool_dtype)
     for name in pool_dtype.names:
@@ -119,8 +123,10 @@ def kernel_pools(pools: Pools) -> KernelPools:
         if v.shape != (P,) or np.any(v.astype(pool_dtype[name]) != v):
             raise ValueError(f"Pools.{name} is {v!r}: give one {pool_dtype[name]} per pool ({P})")
         row[name] = v
-    return KernelPools(row.view(np.recarray), np.ascontiguousarray(pools.link_bw, np.float64),
-                       np.ascontiguousarray(pools.link_alpha, np.float64))
+    link = np.zeros(np.shape(pools.link_bw), link_dtype)
+    link["bw"] = pools.link_bw
+    link["alpha"] = pools.link_alpha
+    return KernelPools(row.view(np.recarray), link.view(np.recarray))
 
 
 class EngineOutput(NamedTuple):
@@ -267,6 +273,14 @@ replica_dtype = np.dtype([
 ])
 
 
+# A pipeline slot's micro-batch, one record per slot (`Replicas.slot`; its members are plain 2-D
+# arrays: the loops over them read contiguous rows)
+pipe_dtype = np.dtype([
+    ("n", np.int64),                # its members
+    ("start", np.float64),          # when it was launched
+])
+
+
 class Replicas(NamedTuple):
     """The replicas: ``row`` one record per replica (`replica_dtype`); pipeline slots are flattened to
     index r * cfg.pp + s (cfg.pp: the deepest pool's stages)."""
@@ -276,32 +290,39 @@ class Replicas(NamedTuple):
     wake_tree: np.ndarray       # the earliest wake_at
     slot_end: np.ndarray        # (R * pp) when the micro-batch in the slot comes out (inf: empty); padded
     slot_tree: np.ndarray       # the earliest slot_end
-    slot_n: np.ndarray          # (R * pp) its members
-    slot_req: np.ndarray        # (R * pp, max_num_seqs)
+    slot: np.ndarray            # (R * pp) pipe_dtype records: the slot's micro-batch (its members, launch)
+    slot_req: np.ndarray        # (R * pp, max_num_seqs) its members
     slot_chunk: np.ndarray      # (R * pp, max_num_seqs) tokens each member runs
-    slot_start: np.ndarray      # (R * pp) when the micro-batch in the slot was launched
     stage_free: np.ndarray      # (R, pp) later pipeline stages 1..pp-1 free at
     entry: np.ndarray           # the replicas arrivals go to (mixed and prefill pools)
     decode: np.ndarray          # the decode replicas
 
 
+# Prefix-cache entries, one record per entry (a record array, as the replicas': one argument where
+# six arrays were 42 words), and the slots of the open-addressing table that finds them
+entry_dtype = np.dtype([
+    ("block", np.int64),            # block id
+    ("rep", np.int64),              # replica
+    ("ref", np.int64),              # requests referencing it (GPU); 0: evictable
+    ("tier", np.int64),             # 0 GPU, 1 CPU, 2 being reloaded, 3 a run of freed private blocks (prefix.RUN)
+    ("prev", np.int64),             # LRU links (GPU or CPU list of its replica)
+    ("next", np.int64),
+])
+table_dtype = np.dtype([
+    ("key", np.int64),              # block id * R + replica (-1: empty slot)
+    ("val", np.int64),              # its entry
+])
+
+
 class Cache(NamedTuple):
     """Prefix-cache entries (replica, block id) and the open-addressing table that finds them."""
-    block: np.ndarray           # entry -> block id
-    rep: np.ndarray             # entry -> replica
-    ref: np.ndarray             # requests referencing it (GPU); 0: evictable
-    tier: np.ndarray            # 0 GPU, 1 CPU, 2 being reloaded, 3 a run of freed private blocks (prefix.RUN)
-    prev: np.ndarray            # LRU links (GPU or CPU list of its replica)
-    next: np.ndarray
+    entry: np.ndarray           # (E) entry_dtype records
     free_stack: np.ndarray      # unused entries
-    key: np.ndarray             # table: block id * R + replica (-1: empty slot)
-    val: np.ndarray             # table: entry
+    table: np.ndarray           # (H) table_dtype records
 
 
-class Turns(NamedTuple):
-    """Session turns waiting to be sent: a binary min-heap on (time, request)."""
-    heap_t: np.ndarray
-    heap_i: np.ndarray
+# Session turns waiting to be sent: a binary min-heap on (time, request), one record per heap node
+turn_dtype = np.dtype([("t", np.float64), ("i", np.int64)])
 
 
 class Spec(NamedTuple):
@@ -332,6 +353,11 @@ span_dtype = np.dtype([
     ("t_last", np.float64),         # the members' last token (the span's last completion)
     ("n_epochs", np.int64),
     ("gap_bin", np.int64),          # the histogram bin of its latest gap (span.gap_bin_near_nb's guess)
+    ("count", np.int64),            # iterations the replica ran as spans (diagnostic)
+])
+epoch_dtype = np.dtype([
+    ("start", np.int64),            # the span's completions when the epoch began (members joined)
+    ("longest", np.float64),        # the longest gap of the epoch's completions
 ])
 
 
@@ -341,9 +367,7 @@ class Span(NamedTuple):
     hits: np.ndarray            # (R, block_size): members taking a block at the span's iterations j = q (mod block_size)
     epoch: np.ndarray           # (R, max_num_seqs) the epoch a member (by running position) joined in
     fin_at: np.ndarray          # (R, max_num_seqs) the span's completion that ends the member (its last token)
-    e_start: np.ndarray         # (R, SPAN_EPOCHS) the span's completions when an epoch began (members joined)
-    e_max: np.ndarray           # (R, SPAN_EPOCHS) the longest gap of the epoch's completions
-    count: np.ndarray           # (1) iterations run as spans (diagnostic)
+    epochs: np.ndarray          # (R, SPAN_EPOCHS) epoch_dtype records
     memo: np.ndarray            # (P, max_num_seqs + 1, ...) each pool's step cost terms by decode count
                                 # (costmodel.iteration.decode_cost_nb; zeros: not yet computed)
 
@@ -420,7 +444,7 @@ def new_replicas(cfg, pools):
     entry = np.flatnonzero(~is_decode).astype(np.int64)
     decode = np.flatnonzero(is_decode).astype(np.int64)
     return Replicas(row.view(np.recarray), np.full((R, B), -1, np.int64), wake_at, wake_tree, slot_end, slot_tree,
-                    np.zeros(S, np.int64), np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64), np.zeros(S),
+                    np.zeros(S, pipe_dtype).view(np.recarray), np.full((S, B), -1, np.int64), np.zeros((S, B), np.int64),
                     np.zeros((R, cfg.pp)), entry, decode)
 
 
@@ -432,13 +456,15 @@ def new_cache(cfg, pools, ctr, room: bool = False):
     while H < 2 * E:
         H *= 2
     ctr[ENTRIES_FREE] = E
-    return Cache(np.zeros(E, np.int64), np.zeros(E, np.int64), np.zeros(E, np.int64), np.zeros(E, np.int64),
-                 np.full(E, -1, np.int64), np.full(E, -1, np.int64), np.arange(E - 1, -1, -1, dtype=np.int64),
-                 np.full(H, -1, np.int64), np.zeros(H, np.int64))
+    entry = np.zeros(E, entry_dtype)
+    entry["prev"] = entry["next"] = -1
+    table = np.zeros(H, table_dtype)
+    table["key"] = -1
+    return Cache(entry.view(np.recarray), np.arange(E - 1, -1, -1, dtype=np.int64), table.view(np.recarray))
 
 
 def new_turns(n):
-    return Turns(np.zeros(n), np.zeros(n, np.int64))
+    return np.zeros(n, turn_dtype).view(np.recarray)
 
 
 def new_xfers(n):
@@ -450,8 +476,7 @@ def new_span(cfg, n_pools):
     R = cfg.replicas
     return Span(np.zeros(R, span_dtype).view(np.recarray), np.zeros((R, cfg.block_size), np.int64),
                 np.zeros((R, cfg.max_num_seqs), np.int64), np.zeros((R, cfg.max_num_seqs), np.int64),
-                np.zeros((R, SPAN_EPOCHS), np.int64),
-                np.zeros((R, SPAN_EPOCHS)), np.zeros(1, np.int64),
+                np.zeros((R, SPAN_EPOCHS), epoch_dtype).view(np.recarray),
                 np.zeros((n_pools, cfg.max_num_seqs + 1, 1 + N_COUNT_TERMS)))
 
 

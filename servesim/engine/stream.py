@@ -54,7 +54,7 @@ def _shift(rq, rp, ctr, m: int) -> None:
     """Drop the window's first m requests (all ended): every stored request index moves down by m."""
     for a in (rq.q_next, rp.row.q_head, rp.row.q_tail):
         a[a >= 0] -= m
-    for a in (rp.running, rp.slot_req):     # (entries past n_running / slot_n are stale, never read)
+    for a in (rp.running, rp.slot_req):     # (entries past n_running / slot.n are stale, never read)
         a[a >= 0] -= m
     for j in (NEXT_ARRIVAL, SENT, ENDED):
         ctr[j] -= m
