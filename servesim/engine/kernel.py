@@ -66,7 +66,7 @@ class Run(NamedTuple):
     fs: object
     cfg: np.record
     pools: object
-    chains: Chains
+    chains: object              # Chains; None without the prefix cache and session turns (`new_run`)
     rq: np.ndarray
     rp: object
     cache: object
@@ -112,6 +112,8 @@ def new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, 
     turns = new_turns(n) if use_turns else None
     xfers = new_xfers(n if pd else 1) if pd or union else None
     tabs = cost_inputs(ps, pools)
+    # the chains are read by the prefix cache and the session turns alone: None without both (pruned)
+    kchains = chains if cache is not None or turns is not None else None
     # speculative decoding (``spec``, a state.Spec; ``dps`` the pools' draft CostParams, or the pools' own
     # where nothing drafts on the GPU): None otherwise, and pruned
     dtabs = None
@@ -119,7 +121,7 @@ def new_run(ps, cfg, pools, arrival, prompt, output, u1, u2, chains, spec=None, 
         spec = spec._replace(steps=np.zeros(n, np.int64))
         dtabs = cost_inputs(dps, pools) if dps is not None else tabs
     return Run(tabs, kernel_features(tabs, dtabs) if fs is None else fs,   # the step cost's shape (costmodel/features.py)
-               config_record(cfg), kernel_pools(pools), chains, rq, rp, cache, turns, xfers,
+               config_record(cfg), kernel_pools(pools), kchains, rq, rp, cache, turns, xfers,
                new_step(cfg.max_num_seqs), new_log(cfg.log_size) if log is None else log, ctr,
                np.zeros((cfg.replicas, N_STATS)),    # per replica (`state.pool_stats_of` folds them into pools)
                np.zeros(C.N_PREFIX), np.zeros(C.GAP_BINS, np.int64), spec, dtabs,

@@ -26,7 +26,6 @@ import numpy as np
 
 from . import codes as C
 from .kernel import RUN_CUT, compile_ahead, cost_inputs, end_run_nb, kernel_features, run_nb, run_totals
-from .lower import no_chains
 from .state import (
     ENDED, INF, LOG_COUNT, N_STATS, NEXT_ARRIVAL, SENT, EngineConfig, Pools, config_record, kernel_pools,
     new_counters, new_log, new_pad, pool_stats_of, new_replicas, new_requests, new_span, new_step, request_dtype,
@@ -109,7 +108,7 @@ def run_stream(ps: tuple, cfg: EngineConfig, pools: Pools, chunks: Iterator, sin
             pending = next(chunks, None)
         peak = max(peak, rq.shape[0])
         until = float(pending[0][0]) if pending is not None else INF
-        args = (tabs, fs, cr, kp, no_chains(rq.shape[0]), rq, rp, None, None, None, step, log, ctr, rstats, prefix,
+        args = (tabs, fs, cr, kp, None, rq, rp, None, None, None, step, log, ctr, rstats, prefix,
                 gap_hist, None, None, sp, pad)
         with compile_ahead(args):
             now, why = run_nb(*args, now, until)
