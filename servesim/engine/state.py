@@ -3,8 +3,12 @@ formed, the run's counters and outputs. Requests are a record array (one structu
 handler receives it as one argument, not as 28 arrays, which numba would flatten into hundreds of
 arguments per call and compile slowly); so are the per-replica, per-span, per-pool, per-step-member
 and per-log-sample fields (`replica_dtype` ...; compiling the loop took ~13% less CPU than with
-NamedTuples of arrays). The arrays of other shapes are NamedTuples of arrays (immutable bundles of
-mutable arrays). Built in NumPy by the constructors below, passed to the jitted event loop.
+NamedTuples of arrays), the prefix cache's entries and table slots, the pipeline slots, the spans'
+epochs, the links between pools and the session turns' heap. The arrays of other shapes are
+NamedTuples of arrays (immutable bundles of mutable arrays); so are the rows that loops scan or shift
+(a span's members, a slot's), contiguous so that those loops vectorise (`events.span_finish_nb`; a
+record field's view has a stride known only at run time). Built in NumPy by the constructors below,
+passed to the jitted event loop.
 
 Names follow the reference simulator (`servesim.reference.sim`): its `Request` and `Replica`
 attributes are the fields of `request_dtype` and of `replica_dtype` (or the arrays of `Replicas`) here.
@@ -274,7 +278,7 @@ replica_dtype = np.dtype([
 
 
 # A pipeline slot's micro-batch, one record per slot (`Replicas.slot`; its members are plain 2-D
-# arrays: the loops over them read contiguous rows)
+# arrays, see the module's docstring)
 pipe_dtype = np.dtype([
     ("n", np.int64),                # its members
     ("start", np.float64),          # when it was launched
