@@ -24,7 +24,7 @@ the end of compiling a servesim function (numba's "numba:compile" event, outermo
 generation's threshold is `COMPILE_GC_THRESHOLD`; it is put back after. Garbage is still collected,
 in larger batches: the peak memory of a cold first simulate rises by ~20 MiB.
 
-The next five act only while a servesim function compiles (the same event, outermost).
+The next six act only while a servesim function compiles (the same event, outermost).
 
 **A call's type found once per compile** (`cache_call_types`). numba types a call of a function
 type (`a[i]`, `x + y`, `min(a, b)`, `np.empty(n)`) by trying its overload templates in turn
