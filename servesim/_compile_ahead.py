@@ -13,7 +13,7 @@ first waits for the child's word (`_WaitFirst`): numba loads what the child comp
 compiled for the same types gives the same code, so no result changes.
 
 Only where it can pay (`can_pay`): the JIT on, numba's cache on and writable, a POSIX system, two
-usable cores, one of them idle (on cores busy with other jobs a child only slows the run down);
+usable cores, most of one idle (on cores busy with other jobs a child only slows the run down);
 ``loop``'s signature not cached; one child per process at a time. `SERVESIM_COMPILE_AHEAD=1` starts it
 whether a core is idle or not, 0 never (unset: the default; any other value is refused, `wanted`). A
 child that fails, or has not answered `WAIT_S` after its start, is killed and reaped, and this process
@@ -75,15 +75,15 @@ def cached(dispatcher, sig: tuple) -> bool:
 
 def can_pay(dispatcher, auto: bool) -> bool:
     """Whether a child can shorten ``dispatcher``'s compile: the JIT and its cache on, a POSIX system,
-    two usable cores, and with ``auto`` one of them idle: the load average of the last minute at most
-    their number less one. (On two cores running other jobs the cold first call took 26 s of wall with a
-    child against 18 s without, load average 3-4; README, Speed.)"""
+    two usable cores, and with ``auto`` most of one idle: the load average of the last minute below
+    their number less a half. (On 2 cores the cold first call took 10.4 s of wall with a child against
+    12.9 s without at load 1.2-1.6, 22.1 against 16.6 s at load 3.0-4.4; README, Speed.)"""
     from numba.core import config
     from numba.core.caching import FunctionCache
     if config.DISABLE_JIT or os.name != "posix" or not isinstance(getattr(dispatcher, "_cache", None), FunctionCache):
         return False
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    idle = not auto or os.getloadavg()[0] <= cores - 1
+    idle = not auto or os.getloadavg()[0] < cores - 0.5
     return cores >= 2 and idle and os.access(dispatcher._cache.cache_path, os.W_OK)
 
 

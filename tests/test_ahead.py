@@ -70,7 +70,7 @@ def test_the_environment_turns_it_off_and_a_bad_value_is_refused(monkeypatch):
 @jit_only
 def test_by_default_only_where_a_core_is_idle(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for load, auto, pays in ((0.9, True, True), (1.2, True, False), (3.5, False, True)):
+    for load, auto, pays in ((1.4, True, True), (1.5, True, False), (3.5, False, True)):
         monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
         assert A.can_pay(run_nb, auto) is pays
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
