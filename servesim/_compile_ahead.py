@@ -12,6 +12,11 @@ compiles, numba looks in the disk cache before compiling (`Dispatcher.compile`),
 first waits for the child's word (`_WaitFirst`): numba loads what the child compiled. The same source
 compiled for the same types gives the same code, so no result changes.
 
+On a process's first run, where ``loop`` was never compiled nor cached for any types, the child is
+started before the run is lowered (`prestart`, from `servesim.simulate`): it imports numba and
+servesim (~1.4 s) while this process lowers the run, and takes `start`'s jobs then; a child started
+early that no run takes is ended (at `start`, at exit, or by itself after `SPARE_WAIT_S`).
+
 Only where it can pay (`can_pay`): the JIT on, numba's cache on and writable, a POSIX system, two
 usable cores, most of one idle (on cores busy with other jobs a child only slows the run down);
 ``loop``'s signature not cached; one child per process at a time. `SERVESIM_COMPILE_AHEAD=1` starts it
@@ -38,6 +43,9 @@ ENV = "SERVESIM_COMPILE_AHEAD"
 # ~12 s wall with both cores busy with other jobs (README, Speed); a slower child is killed
 WAIT_S = 30.0
 _active: list = []      # the child running, if any (one per process)
+_spare: list = []       # a child started early (`prestart`), importing while this process lowers the run
+# the longest a child started early waits for its jobs, s; then it ends
+SPARE_WAIT_S = 120.0
 
 
 def wanted() -> str:
@@ -87,12 +95,13 @@ def can_pay(dispatcher, auto: bool) -> bool:
     return cores >= 2 and idle and os.access(dispatcher._cache.cache_path, os.W_OK)
 
 
-def command() -> list:
-    """The child's command line: this Python, importing this servesim first (`compile_jobs`)."""
+def command(*warm) -> list:
+    """The child's command line: this Python, importing this servesim first, then the modules ``warm``
+    (a child started early: the functions it will compile), then `compile_jobs`."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # (above servesim/)
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from servesim._compile_ahead import compile_jobs; " \
-           "compile_jobs(sys.stdin.buffer, sys.stdout)"
-    return [sys.executable, "-c", code, root]
+    code = "import sys, importlib; sys.path.insert(0, sys.argv[1]); [importlib.import_module(m) for m in sys.argv[2:]]; " \
+           "from servesim._compile_ahead import compile_jobs; compile_jobs(sys.stdin.buffer, sys.stdout)"
+    return [sys.executable, "-c", code, root, *warm]
 
 
 class _WaitFirst:
@@ -120,8 +129,7 @@ class Child:
     def __init__(self, jobs, disps, own=()):
         self.own = own
         self.deadline = time.monotonic() + WAIT_S
-        self.proc = subprocess.Popen(command(), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.proc = _spare.pop() if _spare else spawn()
         self.said, self._buf, self.ended = set(), b"", False
         self.disps = disps
         for d in disps:
@@ -185,16 +193,50 @@ class Child:
             _active.clear()
 
 
+def spawn(*warm) -> subprocess.Popen:
+    return subprocess.Popen(command(*warm), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def prestart(loop) -> None:
+    """Start the child now, before the run is lowered, where ``loop`` has never been compiled here nor
+    cached for any types (a first run) and a child can pay: it imports numba and servesim (~1 s) while
+    this process lowers the run, and then waits for `start`'s jobs. A child `start` does not take is
+    ended there, or at this process's exit."""
+    if _spare or _active or wanted() == "off":
+        return
+    try:
+        if loop.overloads or not can_pay(loop, wanted() == "auto") or loop._cache._cache_file._load_index():
+            return
+        _spare.append(spawn(loop.py_func.__module__))
+    except Exception:       # (a speed-up only)
+        return
+    if len(_spare) == 1:
+        import atexit
+        atexit.register(drop_spare)
+
+
+def drop_spare() -> None:
+    """End a child started early that no run took."""
+    while _spare:
+        proc = _spare.pop()
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
 def start(loop, args, plan) -> Child | None:
     """A child compiling the first list of ``plan(args)`` ((dispatcher, example arguments), the second
     compiled here meanwhile), where it can pay: before ``loop`` is called with ``args`` (without its
     last two, float64, arguments) for types numba has not compiled; else None."""
     from numba.core import types
     mode = wanted()
-    if mode == "off" or _active or not can_pay(loop, mode == "auto"):
+    if mode == "off" or _active or not can_pay(loop, mode == "auto" and not _spare):
+        drop_spare()
         return None
     try:
         if cached(loop, signature(args) + (types.float64, types.float64)):
+            drop_spare()
             return None
         calls, own = plan(args)
         jobs, disps = [], []
@@ -204,8 +246,10 @@ def start(loop, args, plan) -> Child | None:
                 jobs.append((d.py_func.__module__, d.py_func.__name__, sig))
                 disps.append(d)
     except Exception:       # (numba's cache not as described, a parameter renamed: a speed-up only,
-        return None         # never the run's error; tests/test_ahead.py fails on a prediction gone wrong)
+        drop_spare()        # never the run's error; tests/test_ahead.py fails on a prediction gone wrong)
+        return None
     if not jobs:
+        drop_spare()
         return None
     try:
         _active.append(Child(jobs, disps, own))
@@ -233,8 +277,15 @@ def ahead(loop, args, plan):
 
 def compile_jobs(stream, out) -> None:
     """The child: compile each (module, function, argument types) pickled on ``stream``, saying each
-    function's name on ``out`` once numba has saved it."""
+    function's name on ``out`` once numba has saved it. It loads numba's registries first (a child
+    started early does it while its parent lowers the run), and ends if no jobs come in `SPARE_WAIT_S`."""
     import importlib
+
+    from numba.core.registry import cpu_target
+    cpu_target.typing_context.refresh()     # (numba's registries, loaded by a first compile anyway)
+    cpu_target.target_context.refresh()
+    if not select.select([stream], [], [], SPARE_WAIT_S)[0]:
+        return
     for module, name, sig in pickle.load(stream):
         getattr(importlib.import_module(module), name).compile(sig)
         out.write(name + "\n")

@@ -10,6 +10,7 @@ import numpy as np
 from .config import load_hardware, load_model
 from .config.engine import load_engine, replica_provenance
 from .engine.budget import check_run_memory
+from .engine.kernel import prestart_ahead
 from .engine.lower import engine_options, lower_deployment, lower_requests, replica_of
 from .engine.run import run, threads_of
 from .errors import ConfigError
@@ -343,6 +344,7 @@ def simulate(config: SimConfig | None = None, *, hardware_profile=None, engine_p
     # daily arrivals with --duration and no --num-requests: the requests of that window of the day
     daily = cfg.arrival == "daily" and rate is not None and cfg.stages is None and cfg.trace_mode == "lengths"
     window = cfg.duration if daily and cfg.num_requests is None and math.isfinite(rate) else None
+    prestart_ahead()        # a first cold compile: its second process imports while the run is lowered
     # the one lowering (engine/lower.py): every pool priced, then the requests
     dep = lower_deployment(cfg, model, specs, engine_options(cfg, window), hw=hw, engine_profile=engine_profile)
     for lp in dep.pools:

@@ -118,7 +118,7 @@ def _plus_one(x):
                                      "import sys; print('noise'); print('x', file=sys.stderr); sys.exit(3)"])
 def test_a_child_that_hangs_or_fails_is_ended_and_this_process_compiles(monkeypatch, capfd, command):
     monkeypatch.setattr(A, "WAIT_S", 1.0)
-    monkeypatch.setattr(A, "command", lambda: [sys.executable, "-c", command])
+    monkeypatch.setattr(A, "command", lambda *warm: [sys.executable, "-c", command])
     cache = _plus_one._cache
     t0 = time.perf_counter()
     child = A.Child([], [_plus_one])
@@ -148,3 +148,60 @@ def test_an_entry_for_other_types_is_compiled_again():
     wait = A._WaitFirst(Cache(), Child(), "f")
     assert isinstance(wait.load_overload((types.int64,), None), Entry)
     assert wait.load_overload((types.float64,), None) is None
+
+
+class _Loop:
+    """A loop function as `prestart` reads it: compiled here for ``overloads``, cached for ``index``."""
+
+    def __init__(self, overloads=(), index=()):
+        self.overloads = dict.fromkeys(overloads)
+        self.py_func = run_nb.py_func
+        self._cache = self
+        self._cache_file = self
+        self._index = dict.fromkeys(index)
+
+    def _load_index(self):
+        return self._index
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_child_started_early_is_taken_by_the_run_or_ended(monkeypatch, taken):
+    monkeypatch.setattr(A, "can_pay", lambda loop, auto: True)
+    warmed = []
+    monkeypatch.setattr(A, "command", lambda *warm: warmed.extend(warm) or [sys.executable, "-c",
+                                                                             "import sys; sys.stdin.read()"])
+    monkeypatch.setattr(A, "cached", lambda d, sig: not taken)
+    A.prestart(_Loop())
+    assert len(A._spare) == 1 and warmed == ["servesim.engine.kernel"]     # (it imports the loop's module)
+    spare = A._spare[0]
+    A.prestart(_Loop())                     # (one at a time)
+    assert A._spare == [spare]
+    child = A.start(_Loop(), (1,), lambda args: ([(_plus_one, (1,))], []))
+    assert not A._spare
+    if taken:                               # the run's jobs went to the child started early
+        assert child.proc is spare
+        child.close(wait=False)
+    else:                                   # nothing to compile there: ended and reaped
+        assert child is None
+    assert spare.poll() is not None and not A._active
+
+
+def test_no_child_is_started_early_for_a_loop_compiled_or_cached(monkeypatch):
+    monkeypatch.setattr(A, "can_pay", lambda loop, auto: True)
+    monkeypatch.setattr(A, "spawn", lambda: pytest.fail("started"))
+    A.prestart(_Loop(overloads=["sig"]))
+    A.prestart(_Loop(index=["key"]))
+    monkeypatch.setenv(A.ENV, "0")
+    A.prestart(_Loop())
+    assert not A._spare
+
+
+def test_a_child_started_early_ends_when_no_job_comes(monkeypatch):
+    import io
+    monkeypatch.setattr(A, "SPARE_WAIT_S", 0.2)
+    r, w = os.pipe()
+    out = io.StringIO()
+    with open(r, "rb") as stream:
+        A.compile_jobs(stream, out)         # (returns: nothing was written)
+    os.close(w)
+    assert out.getvalue() == ""

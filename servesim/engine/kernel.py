@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from .._compile_ahead import ahead, by_name, params
+from .._compile_ahead import ahead, by_name, params, prestart
 from ..costmodel.features import FULL, features
 from ..costmodel.iteration import decode_cost_nb
 from ..costmodel.fields import tables
@@ -146,6 +146,12 @@ def compile_ahead(args):
     """Around the call of `run_nb` with ``args`` (its arguments but ``now`` and ``until``): on a cold
     compile, part of it in a second process (`servesim._compile_ahead`, `ahead_plan`)."""
     return ahead(run_nb, tuple(args), ahead_plan)
+
+
+def prestart_ahead() -> None:
+    """Before a run is lowered: on a first cold compile, the second process started now, to import while
+    this one lowers (`servesim._compile_ahead.prestart`)."""
+    prestart(run_nb)
 
 
 def ahead_plan(args) -> tuple:
