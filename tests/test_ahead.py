@@ -77,16 +77,6 @@ def test_by_default_only_where_a_core_is_idle(monkeypatch):
     assert not A.can_pay(run_nb, False)
 
 
-def test_a_bad_value_is_one_line_and_exit_2_from_the_cli():
-    env = dict(os.environ, **{A.ENV: "yes"})
-    r = subprocess.run([sys.executable, "-m", "servesim", "simulate", "--num-requests", "10"],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == ["servesim: error: SERVESIM_COMPILE_AHEAD = 'yes': use 1 (part of a cold "
-                                     "compile in a second process), 0 (all in this process) or leave it unset "
-                                     "(a second process where a core is idle)"]
-
-
 @jit_only
 def test_a_compile_loads_what_the_child_compiled(tmp_path):
     """In a fresh cache: the child compiles a handler, and this process's compile of it is a cache hit."""

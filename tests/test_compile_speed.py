@@ -271,16 +271,19 @@ def test_numba_left_as_it_is_when_the_environment_says_0(monkeypatch):
         nf.patches_wanted()
 
 
-def test_a_bad_value_is_one_line_and_exit_2_from_the_cli():
+@pytest.mark.parametrize("env, message", [
+    ("SERVESIM_NUMBA_PATCHES", "use 1 (numba patched to compile faster, the default) or 0 (numba left as it is)"),
+    ("SERVESIM_COMPILE_AHEAD", "use 1 (part of a cold compile in a second process), 0 (all in this process) or "
+                               "leave it unset (a second process where a core is idle)")])
+def test_a_bad_value_is_one_line_and_exit_2_from_the_cli(env, message):
+    """Each of the compile's environment variables (`_compile_speed.PATCHES_ENV`, `_compile_ahead.ENV`)."""
     import os
     import subprocess
     import sys
-    env = dict(os.environ, **{nf.PATCHES_ENV: "yes"})
     r = subprocess.run([sys.executable, "-m", "servesim", "simulate", "--num-requests", "10"],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=dict(os.environ, **{env: "yes"}), timeout=120)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == ["servesim: error: SERVESIM_NUMBA_PATCHES = 'yes': use 1 (numba patched to "
-                                     "compile faster, the default) or 0 (numba left as it is)"]
+    assert r.stderr.splitlines() == [f"servesim: error: {env} = 'yes': {message}"]
 
 
 def test_an_abi_size_given_again_is_the_one_numba_finds():
