@@ -29,6 +29,7 @@ reads a partial file; an entry compiled for other types than asked is not used (
 """
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import pickle
@@ -202,17 +203,15 @@ def prestart(loop) -> None:
     cached for any types (a first run) and a child can pay: it imports numba and servesim (~1 s) while
     this process lowers the run, and then waits for `start`'s jobs. A child `start` does not take is
     ended there, or at this process's exit."""
-    if _spare or _active or wanted() == "off":
+    mode = wanted()
+    if _spare or _active or mode == "off":
         return
     try:
-        if loop.overloads or not can_pay(loop, wanted() == "auto") or loop._cache._cache_file._load_index():
+        if loop.overloads or not can_pay(loop, mode == "auto") or loop._cache._cache_file._load_index():
             return
         _spare.append(spawn(loop.py_func.__module__))
     except Exception:       # (a speed-up only)
         return
-    if len(_spare) == 1:
-        import atexit
-        atexit.register(drop_spare)
 
 
 def drop_spare() -> None:
@@ -225,18 +224,27 @@ def drop_spare() -> None:
         proc.stdout.close()
 
 
+atexit.register(drop_spare)     # (a child started early that no run took: ended at exit)
+
+
 def start(loop, args, plan) -> Child | None:
     """A child compiling the first list of ``plan(args)`` ((dispatcher, example arguments), the second
     compiled here meanwhile), where it can pay: before ``loop`` is called with ``args`` (without its
-    last two, float64, arguments) for types numba has not compiled; else None."""
+    last two, float64, arguments) for types numba has not compiled; else None, and a child started
+    early (`prestart`) ended."""
+    child = _child_for(loop, args, plan)
+    if child is None:
+        drop_spare()
+    return child
+
+
+def _child_for(loop, args, plan) -> Child | None:
     from numba.core import types
     mode = wanted()
     if mode == "off" or _active or not can_pay(loop, mode == "auto" and not _spare):
-        drop_spare()
         return None
     try:
         if cached(loop, signature(args) + (types.float64, types.float64)):
-            drop_spare()
             return None
         calls, own = plan(args)
         jobs, disps = [], []
@@ -246,10 +254,8 @@ def start(loop, args, plan) -> Child | None:
                 jobs.append((d.py_func.__module__, d.py_func.__name__, sig))
                 disps.append(d)
     except Exception:       # (numba's cache not as described, a parameter renamed: a speed-up only,
-        drop_spare()        # never the run's error; tests/test_ahead.py fails on a prediction gone wrong)
-        return None
+        return None         # never the run's error; tests/test_ahead.py fails on a prediction gone wrong)
     if not jobs:
-        drop_spare()
         return None
     try:
         _active.append(Child(jobs, disps, own))
